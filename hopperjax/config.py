@@ -1,0 +1,343 @@
+"""Typed run configuration: YAML file + dotted ``key=value`` overrides -> frozen ``Config``.
+
+Every default lives in the dataclasses below. Loading is strict: an unknown key, a value of the wrong
+type or an out-of-range value raises ``ConfigError`` naming the dotted key, and the CLI turns that into
+one line on stderr and exit code 2. Loading and validation never touch ``os.environ`` or ``jax.config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; ``key`` is the dotted name of the offending key."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"{key}: {message}" if key else message)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """GPT-style decoder. ``mlp_dim`` None means 4 x ``d_model``."""
+
+    kind: Literal["gpt"] = "gpt"
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_dim: int | None = None
+    max_len: int = 128
+    positions: Literal["rope", "learned"] = "rope"
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    tie_embeddings: bool = True
+    use_bias: bool = False
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Input pipeline. ``source: embedded`` needs no file: it reads hopperjax's own sources."""
+
+    source: Literal["embedded", "text"] = "embedded"
+    path: str | None = None
+    seq_len: int = 128
+    eval_fraction: float = 0.1
+    shuffle: bool = True
+    workers: int = 0
+    worker_buffer_size: int = 4
+    device_prefetch: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Loop cadence. ``batch_size`` is global (all devices, all processes)."""
+
+    steps: int = 500
+    batch_size: int = 32
+    eval_batch_size: int | None = None
+    log_every: int = 10
+    eval_every: int = 100
+    eval_batches: int | None = None
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    async_checkpoint: bool = True
+    stop_after: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer and LR schedule; the peak LR is ``base_lr`` scaled by batch / ``base_batch_size``."""
+
+    name: Literal["adamw", "sgd", "lamb", "lars"] = "adamw"
+    base_lr: float = 1e-3
+    base_batch_size: int | None = None
+    lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    momentum: float = 0.9
+    nesterov: bool = False
+    clip_norm: float | None = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh axis sizes; -1 takes all remaining devices (at most one axis)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    name: str = "run"
+    run_dir: str | None = None
+    seed: int = 0
+    precision: Literal["fp32", "bf16"] = "fp32"
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+
+    @property
+    def run_path(self) -> Path:
+        return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
+
+    def replace(self, **overrides: Any) -> Config:
+        """Returns a validated copy with dotted-key overrides, e.g. ``replace(**{"train.steps": 5})``."""
+        tree = to_dict(self)
+        for key, value in overrides.items():
+            _set_dotted(tree, key, value)
+        return from_dict(tree)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Loads a YAML config (safe loader), applies ``key=value`` overrides and validates the result.
+
+    Args:
+      path: YAML file; None starts from the schema defaults.
+      overrides: strings like ``"train.steps=200"``; values are parsed as YAML scalars.
+
+    Raises:
+      ConfigError: naming the bad key, file or override.
+    """
+    tree: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise ConfigError("--config", f"cannot read {path}: {e.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError("--config", f"{path}{where}: invalid YAML") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError("--config", f"{path}: expected a mapping at the top level")
+        tree = loaded
+        tree.setdefault("name", path.stem)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(item, "expected an override of the form key=value")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            value = raw
+        _set_dotted(tree, key.strip(), value)
+    return from_dict(tree)
+
+
+def from_dict(tree: dict[str, Any]) -> Config:
+    """Builds and validates a Config from a nested dict."""
+    config = _build(Config, tree, prefix="")
+    validate(config)
+    return config
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def dump_yaml(config: Config) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema, e.g. ``["name", ..., "model.d_model", ...]``."""
+    keys = []
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        name = prefix + field.name
+        if dataclasses.is_dataclass(hints[field.name]):
+            keys.extend(all_keys(hints[field.name], name + "."))
+        else:
+            keys.append(name)
+    return keys
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(".".join(parts[: i + 1]), "is not a group of keys")
+        node = child
+    node[parts[-1]] = value
+
+
+def _unknown_key(name: str) -> ConfigError:
+    near = difflib.get_close_matches(name, all_keys(), n=1, cutoff=0.6)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    return ConfigError("", f"unknown key '{name}'{hint}")
+
+
+def _build(cls: type, tree: Any, prefix: str) -> Any:
+    if not isinstance(tree, dict):
+        raise ConfigError(prefix.rstrip("."), f"expected a mapping of keys, got {tree!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for key in tree:
+        if key not in fields:
+            raise _unknown_key(prefix + str(key))
+    kwargs = {}
+    for name, value in tree.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value, prefix + name + ".")
+        else:
+            kwargs[name] = _coerce(prefix + name, value, hint)
+    return cls(**kwargs)
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """Checks ``value`` against a type hint, with the few conversions a YAML user expects."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        (inner,) = [o for o in options if o is not type(None)]
+        return _coerce(key, value, inner)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise ConfigError(key, f"expected one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, f"expected true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(key, f"expected an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:  # YAML 1.1 reads "1e-3" as a string.
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(key, f"expected a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(key, f"expected a string, got {value!r}")
+    raise TypeError(f"unsupported config type {hint!r} for {key}")  # schema bug, not user input
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation: pure checks of values against each other; device-dependent checks live in the mesh.
+
+
+def _positive(key: str, value: int | float | None, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or value <= 0:
+        raise ConfigError(key, f"expected a positive value, got {value!r}")
+
+
+def validate(config: Config) -> None:
+    """Raises ConfigError for the first inconsistent value; never mutates anything."""
+    m, d, t, o = config.model, config.data, config.train, config.optim
+    for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len"):
+        _positive(f"model.{key}", getattr(m, key))
+    _positive("model.mlp_dim", m.mlp_dim, allow_none=True)
+    if m.d_model % m.n_heads:
+        raise ConfigError("model.n_heads", f"must divide model.d_model={m.d_model}, got {m.n_heads}")
+    head_dim = m.d_model // m.n_heads
+    if m.positions == "rope" and head_dim % 2:
+        raise ConfigError("model.n_heads", f"RoPE needs an even head dim, got {head_dim}")
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError("model.dropout", f"expected 0 <= dropout < 1, got {m.dropout}")
+
+    _positive("data.seq_len", d.seq_len)
+    if d.seq_len > m.max_len:
+        raise ConfigError("data.seq_len", f"must be <= model.max_len={m.max_len}, got {d.seq_len}")
+    if not 0.0 < d.eval_fraction < 1.0:
+        raise ConfigError("data.eval_fraction", f"expected 0 < fraction < 1, got {d.eval_fraction}")
+    if d.workers < 0:
+        raise ConfigError("data.workers", f"expected >= 0, got {d.workers}")
+    _positive("data.worker_buffer_size", d.worker_buffer_size)
+    _positive("data.device_prefetch", d.device_prefetch)
+    if d.source == "text":
+        if not d.path:
+            raise ConfigError("data.path", "required when data.source is 'text'")
+        if not Path(d.path).is_file():
+            raise ConfigError("data.path", f"file not found: {d.path}")
+    elif d.path:
+        raise ConfigError("data.path", f"not used by data.source '{d.source}'; set data.source=text")
+
+    for key in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every",
+                "keep_checkpoints"):
+        _positive(f"train.{key}", getattr(t, key))
+    _positive("train.eval_batch_size", t.eval_batch_size, allow_none=True)
+    _positive("train.eval_batches", t.eval_batches, allow_none=True)
+    if t.stop_after is not None and not 0 < t.stop_after <= t.steps:
+        raise ConfigError("train.stop_after", f"expected 0 < stop_after <= {t.steps}")
+
+    _positive("optim.base_lr", o.base_lr)
+    _positive("optim.base_batch_size", o.base_batch_size, allow_none=True)
+    _positive("optim.clip_norm", o.clip_norm, allow_none=True)
+    if o.warmup_steps < 0:
+        raise ConfigError("optim.warmup_steps", f"expected >= 0, got {o.warmup_steps}")
+    if not 0.0 <= o.min_lr_ratio <= 1.0:
+        raise ConfigError("optim.min_lr_ratio", f"expected a ratio in [0, 1], got {o.min_lr_ratio}")
+    if o.weight_decay < 0:
+        raise ConfigError("optim.weight_decay", f"expected >= 0, got {o.weight_decay}")
+
+    sizes = dataclasses.asdict(config.mesh)
+    if sum(1 for v in sizes.values() if v == -1) > 1:
+        raise ConfigError("mesh", "at most one axis may be -1")
+    for axis, size in sizes.items():
+        if size == 0 or size < -1:
+            raise ConfigError(f"mesh.{axis}", f"expected a positive size or -1, got {size}")

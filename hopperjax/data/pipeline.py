@@ -1,0 +1,92 @@
+"""grain pipelines: source -> process shard -> shuffle -> repeat -> map -> batch -> workers.
+
+Each process reads only its own slice of the examples and batches ``global_batch / processes``
+rows; ``DevicePrefetcher`` then assembles the global, sharded ``jax.Array`` on the mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import grain
+import jax
+
+from hopperjax.config import Config, ConfigError
+from hopperjax.data import text
+
+
+@dataclasses.dataclass(frozen=True)
+class Datasets:
+    """Per-process, batched datasets of one run.
+
+    Attributes:
+      train: infinite, shuffled each epoch, batches of ``batch_size / process_count`` rows.
+      eval: one pass over the held-out split, unshuffled, incomplete last batch dropped.
+      vocab_size: tokens the source can emit.
+      tokens_per_example: sequence length of one row.
+    """
+
+    train: grain.MapDataset
+    eval: grain.MapDataset
+    vocab_size: int
+    tokens_per_example: int
+
+
+def _source_bytes(config: Config) -> Any:
+    if config.data.source == "text":
+        return config.data.path
+    return text.embedded_corpus()
+
+
+def build_datasets(config: Config, *, process_index: int | None = None,
+                   process_count: int | None = None) -> Datasets:
+    """Builds this process's train and eval datasets.
+
+    Raises:
+      ConfigError: the data cannot fill a batch (names the key to change).
+    """
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+    data, train = config.data, config.train
+    eval_batch = train.eval_batch_size or train.batch_size
+    for key, size in (("train.batch_size", train.batch_size), ("train.eval_batch_size", eval_batch)):
+        if size % process_count:
+            raise ConfigError(key, f"{size} is not divisible by {process_count} processes")
+
+    source = _source_bytes(config)
+    n = text.byte_length(source)
+    split = int(n * (1.0 - data.eval_fraction))
+    train_windows = text.ByteWindows(source, 0, split, data.seq_len)
+    eval_windows = text.ByteWindows(source, split, n, data.seq_len)
+    where = data.path or "the embedded corpus"
+    if len(train_windows) < process_count:
+        raise ConfigError("data.path" if data.path else "data.seq_len",
+                          f"{where} ({n} bytes) is too small for one training window")
+    if len(eval_windows) < eval_batch:
+        raise ConfigError("data.eval_fraction",
+                          f"the eval split of {where} has {len(eval_windows)} windows of "
+                          f"{data.seq_len + 1} bytes, fewer than one eval batch of {eval_batch}")
+
+    train_ds = grain.MapDataset.source(train_windows)[process_index::process_count]
+    if data.shuffle:
+        # Shuffle before repeat: grain gives every epoch its own permutation of the same seed.
+        train_ds = train_ds.shuffle(seed=config.seed)
+    train_ds = (train_ds.repeat(None)
+                .map(text.to_lm_example)
+                .batch(train.batch_size // process_count, drop_remainder=True))
+    eval_ds = (grain.MapDataset.source(eval_windows)[process_index::process_count]
+               .map(text.to_lm_example)
+               .batch(eval_batch // process_count, drop_remainder=True))
+    return Datasets(train=train_ds, eval=eval_ds, vocab_size=text.BYTE_VOCAB_SIZE,
+                    tokens_per_example=data.seq_len)
+
+
+def make_iterator(dataset: grain.MapDataset, config: Config) -> grain.DatasetIterator:
+    """An iterator over ``dataset``, with ``data.workers`` worker processes when > 0."""
+    ds = dataset.to_iter_dataset()
+    if config.data.workers > 0:
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(
+            num_workers=config.data.workers,
+            per_worker_buffer_size=config.data.worker_buffer_size))
+    return iter(ds)

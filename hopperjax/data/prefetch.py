@@ -1,0 +1,84 @@
+"""Device prefetch: global batches are assembled and transferred on a background thread.
+
+While step ``n`` runs on the device, batch ``n + 1`` is already being copied; the host loop never
+waits on input unless the pipeline is slower than the step. The host iterator state is recorded
+with every batch, so ``get_state()`` names exactly what the consumer has taken: a checkpoint
+resumes at the next unconsumed batch even though ``depth`` batches were read ahead.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Sharding
+
+_DONE = object()
+
+
+def to_global_batch(local_batch: dict[str, np.ndarray], sharding: Sharding) -> dict[str, jax.Array]:
+    """This process's rows -> one global ``jax.Array`` per field, laid out by ``sharding``."""
+    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
+
+
+class DevicePrefetcher:
+    """Iterator of global on-device batches, read ``depth`` ahead of the consumer.
+
+    Args:
+      iterator: a grain iterator (``get_state``/``set_state``) yielding dicts of local numpy rows.
+      sharding: layout of every batch field across the mesh.
+      depth: how many batches may wait on device.
+    """
+
+    def __init__(self, iterator: Any, sharding: Sharding, depth: int):
+        self._iterator = iterator
+        self._sharding = sharding
+        self._state = iterator.get_state()
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, name="device-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self) -> None:
+        try:
+            for local in self._iterator:
+                state = self._iterator.get_state()
+                if not self._put((to_global_batch(local, self._sharding), state)):
+                    return
+            self._put(_DONE)
+        except Exception as e:  # Re-raised in the consumer's thread, where it can be handled.
+            self._put(e)
+
+    def __iter__(self) -> Iterator[dict[str, jax.Array]]:
+        return self
+
+    def __next__(self) -> dict[str, jax.Array]:
+        item = self._queue.get()
+        if item is _DONE:
+            self._queue.put(_DONE)
+            raise StopIteration
+        if isinstance(item, Exception):
+            raise item
+        batch, self._state = item
+        return batch
+
+    def get_state(self) -> Any:
+        """Host iterator state after the last batch this prefetcher handed out."""
+        return self._state
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

@@ -1,0 +1,138 @@
+"""Layer factories that honour the precision policy and name every parameter's logical axes.
+
+Model code asks these factories for Dense / Embed / norm / attention and never picks a dtype or a
+mesh axis itself: precision and parallelism stay one config key each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from hopperjax.precision import Policy
+
+Axes = tuple[str | None, ...]
+
+
+def normal_init(std: float, axes: Axes) -> nn.initializers.Initializer:
+    return nn.with_logical_partitioning(nn.initializers.normal(stddev=std), axes)
+
+
+class Dense(nn.Module):
+    """y = x . W (+ b) contracting the trailing ``len(in_axes)`` dims of x into ``features`` dims.
+
+    Written here rather than using ``nn.DenseGeneral`` because that one initializes a flattened
+    2-D kernel and reshapes it, which breaks logical-axis metadata on kernels of rank > 2. It is
+    also the one place a precision policy's ``dot_general`` (e.g. FP8) plugs in.
+
+    Attributes:
+      features: output feature shape, e.g. ``(3, heads, head_dim)``.
+      kernel_axes: logical names of every kernel dim (contracted input dims first).
+      std: stddev of the normal kernel init.
+      use_bias: add a bias over the output features.
+      dtype: compute dtype (inputs and kernel cast to it); param_dtype: storage dtype.
+    """
+
+    features: tuple[int, ...]
+    kernel_axes: Axes
+    std: float
+    use_bias: bool = False
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+    dot_general: Callable[..., jax.Array] = jax.lax.dot_general
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        n_in = len(self.kernel_axes) - len(self.features)
+        in_shape = x.shape[-n_in:]
+        kernel = self.param("kernel", normal_init(self.std, self.kernel_axes),
+                            (*in_shape, *self.features), self.param_dtype)
+        contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
+        y = self.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), (contract, ((), ())))
+        if self.use_bias:
+            bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                     self.kernel_axes[n_in:])
+            bias = self.param("bias", bias_init, self.features, self.param_dtype)
+            y = y + bias.astype(self.dtype)
+        return y
+
+
+def dense(features: int | Sequence[int], *, axes: Axes, policy: Policy, std: float,
+          use_bias: bool, name: str) -> Dense:
+    """A Dense layer in the policy's dtypes whose kernel carries logical ``axes``.
+
+    Args:
+      features: output feature shape; the input dims contracted are the trailing
+        ``len(axes) - len(features)`` dims of the input.
+      axes: logical names for every kernel dimension (inputs first, then outputs).
+    """
+    features = (features,) if isinstance(features, int) else tuple(features)
+    return Dense(features=features, kernel_axes=axes, std=std, use_bias=use_bias,
+                 dtype=policy.compute_dtype, param_dtype=policy.param_dtype, name=name)
+
+
+def embed(num: int, features: int, *, axes: Axes, policy: Policy, std: float,
+          name: str) -> nn.Embed:
+    return nn.Embed(
+        num_embeddings=num,
+        features=features,
+        dtype=policy.compute_dtype,
+        param_dtype=policy.param_dtype,
+        embedding_init=normal_init(std, axes),
+        name=name,
+    )
+
+
+def layer_norm(*, policy: Policy, eps: float, use_bias: bool, name: str) -> nn.LayerNorm:
+    """LayerNorm computed in fp32 (its statistics lose too much in bf16), output in compute dtype."""
+    del policy  # Statistics are always fp32; the caller casts the output.
+    return nn.LayerNorm(
+        epsilon=eps,
+        use_bias=use_bias,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), ("embed",)),
+        name=name,
+    )
+
+
+def constrain(x: jax.Array, axes: Axes) -> jax.Array:
+    """Pins an activation's layout by logical names (resolved by the rules in scope)."""
+    return nn.with_logical_constraint(x, axes)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding (rotate-half form).
+
+    Args:
+      x: [batch, length, heads, head_dim]
+      positions: [length]
+    Returns:
+      x rotated, same shape and dtype.
+    """
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # (hd/2,)
+    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # (T, hd/2)
+    sin = jnp.sin(angles)[None, :, None, :]  # (1, T, 1, hd/2)
+    cos = jnp.cos(angles)[None, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal softmax attention through ``jax.nn.dot_product_attention``.
+
+    That call lowers to cuDNN flash attention on Hopper when shapes and dtypes allow, and to an
+    XLA softmax (fp32 accumulation) elsewhere.
+
+    Args:
+      q, k, v: [batch, length, heads, head_dim]
+    Returns:
+      [batch, length, heads, head_dim]
+    """
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True)

@@ -1,0 +1,107 @@
+"""Metric sinks: a compact console line, ``metrics.jsonl`` and TensorBoard scalars.
+
+Records are plain dicts of Python numbers, already fetched from the device by the loop at its
+log cadence; nothing here touches device arrays, so logging never adds a device sync.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a ``metrics.jsonl`` file, in order."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _after_checkpoint(record: dict[str, Any], step: int) -> bool:
+    """Train record ``s`` is the update from ``s`` to ``s + 1``; eval record ``s`` is after ``s``."""
+    if "loss" in record:
+        return record["step"] >= step
+    return record["step"] > step
+
+
+def _format_console(record: dict[str, Any], total_steps: int) -> str:
+    step = record["step"]
+    if "eval_loss" in record:
+        parts = [f"eval  {step:>6d}/{total_steps}", f"loss {record['eval_loss']:.4f}"]
+        if "eval_accuracy" in record:
+            parts.append(f"acc {record['eval_accuracy']:.3f}")
+        return " | ".join(parts)
+    parts = [
+        f"step  {step:>6d}/{total_steps}",
+        f"loss {record['loss']:.4f}",
+        f"lr {record['lr']:.2e}",
+        f"{record['step_time_s'] * 1e3:.1f} ms/step",
+        f"{record['tokens_per_s']:,.0f} tok/s",
+    ]
+    if "eta_s" in record:
+        parts.append(f"eta {datetime.timedelta(seconds=round(record['eta_s']))}")
+    return " | ".join(parts)
+
+
+class MetricsWriter:
+    """Writes records to every sink; a writer with ``enabled=False`` (processes > 0) does nothing.
+
+    Args:
+      run_dir: ``metrics.jsonl`` and ``tb/`` go here.
+      total_steps: for the console's progress display.
+      resume_step: on resume, records logged after the checkpoint the run resumes from are
+        dropped from ``metrics.jsonl`` (train records of steps >= it, eval records of steps > it);
+        the resumed run logs them again.
+      enabled: only one process writes.
+      console: print a line per record.
+    """
+
+    def __init__(self, run_dir: str | Path, *, total_steps: int, resume_step: int = 0,
+                 enabled: bool = True, console: bool = True):
+        self._enabled = enabled
+        self._total = total_steps
+        self._console = Console(highlight=False, soft_wrap=True) if console and enabled else None
+        self._jsonl = None
+        self._tb = None
+        if not enabled:
+            return
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / "metrics.jsonl"
+        kept = [r for r in read_metrics(path) if not _after_checkpoint(r, resume_step)]
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.replace(path)  # Atomic: the old log is whole until the trimmed one replaces it.
+        self._jsonl = path.open("a")
+        from tensorboardX import SummaryWriter  # Deferred: pulls in protobuf, only for writers.
+
+        self._tb = SummaryWriter(str(run_dir / "tb"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self._enabled:
+            return
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        step = int(record["step"])
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
+                self._tb.add_scalar(key, value, step)
+        self._tb.flush()
+        if self._console is not None:
+            self._console.print(_format_console(record, self._total))
+
+    def info(self, message: str) -> None:
+        if self._console is not None:
+            self._console.print(message)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()

@@ -1,0 +1,37 @@
+"""CLI: ``python -m hopperjax.train --config FILE [key=value ...]``.
+
+Exit code 2 with a one-line message for a bad config (unknown key, wrong type, bad value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import jax
+
+from hopperjax.config import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hopperjax.train", description=__doc__)
+    parser.add_argument("--config", required=True, help="YAML config, e.g. configs/quickstart.yaml")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="dotted overrides, e.g. train.steps=200 mesh.data=8 precision=bf16")
+    args = parser.parse_args(argv)
+    # Set here, visibly, rather than inside library code: per-step keys that shard like the data.
+    jax.config.update("jax_threefry_partitionable", True)
+
+    from hopperjax.trainer import train  # After the jax.config update above.
+
+    try:
+        config = load_config(args.config, args.overrides)
+        train(config)
+    except ConfigError as e:
+        print(f"hopperjax: config error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""TrainState and its creation directly on the mesh (never materialized on one device)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from hopperjax.parallel import LOGICAL_AXIS_RULES
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a step reads and writes; a pytree, checkpointed whole.
+
+    Attributes:
+      step: [] int32, updates done so far.
+      params: model parameters (fp32 master weights).
+      opt_state: optimizer state, sharded like the parameters it mirrors.
+      rng: [2] uint32 base key; step ``s`` uses ``fold_in(rng, s)``.
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+
+
+def _init_boxed(model: nn.Module, tx: optax.GradientTransformation, seed: int,
+                example_tokens: jax.ShapeDtypeStruct) -> TrainState:
+    """Initializes a state whose leaves still carry logical-axis metadata (``nn.Partitioned``)."""
+    root = jax.random.PRNGKey(seed)
+    init_key, train_key = jax.random.split(root)
+    tokens = jnp.zeros(example_tokens.shape, example_tokens.dtype)
+    params = model.init(init_key, tokens)["params"]
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=train_key)
+
+
+def state_shardings(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh, *, seed: int,
+                    example_tokens: jax.ShapeDtypeStruct) -> tuple[Any, Any]:
+    """Shapes before arrays: abstract state and its NamedShardings from the logical-axis rules.
+
+    Returns:
+      (abstract state of ``jax.ShapeDtypeStruct`` with shardings attached, sharding tree).
+    """
+    boxed = jax.eval_shape(lambda: _init_boxed(model, tx, seed, example_tokens))
+    logical_specs = nn.get_partition_spec(boxed)
+    shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
+    shardings = jax.tree.map(
+        lambda s: NamedSharding(mesh, PartitionSpec()) if s is None else s, shardings,
+        is_leaf=lambda x: x is None or isinstance(x, NamedSharding))
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            nn.meta.unbox(boxed), shardings)
+    return abstract, shardings
+
+
+def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh, *,
+                       seed: int, example_tokens: jax.ShapeDtypeStruct,
+                       shardings: Any = None) -> tuple[TrainState, Any]:
+    """Creates the initial state already sharded: each device computes only its own shards.
+
+    Args:
+      example_tokens: shape/dtype of one input batch, e.g. ``ShapeDtypeStruct((B, T), int32)``.
+      shardings: the state's sharding tree if already derived (``state_shardings``).
+
+    Returns:
+      (state, sharding tree of the state).
+    """
+    if shardings is None:
+        _, shardings = state_shardings(model, tx, mesh, seed=seed, example_tokens=example_tokens)
+    init = jax.jit(lambda: nn.meta.unbox(_init_boxed(model, tx, seed, example_tokens)),
+                   out_shardings=shardings)
+    return init(), shardings
