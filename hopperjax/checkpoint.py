@@ -34,7 +34,8 @@ class IteratorStateHandler(ocp.CheckpointHandler):
         if not path.exists():
             raise FileNotFoundError(
                 f"{path}: no input-iterator state for this process; was the checkpoint written "
-                f"with a different process count?")
+                f"with a different process count?"
+            )
         return json.loads(path.read_text())
 
 
@@ -63,22 +64,26 @@ class Checkpointer:
     def __init__(self, directory: str | Path, *, every: int, keep: int, async_save: bool = True):
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
-            save_interval_steps=every,
             enable_async_checkpointing=async_save,
             create=True,
         )
         self._manager = ocp.CheckpointManager(Path(directory).absolute(), options=options)
+        self._every = every
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
     def save(self, step: int, state: Any, data_state: Any, *, force: bool = False) -> bool:
         """Starts saving if ``step`` is due (or ``force``); returns whether it did."""
+        # The cadence is decided here: orbax's own interval logic also saves the first step.
+        if not (force or step % self._every == 0) or step == self._manager.latest_step():
+            return False
         return self._manager.save(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                    data=IteratorStateSave(data_state)),
-            force=force,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=IteratorStateSave(data_state)
+            ),
+            force=True,
         )
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
@@ -89,8 +94,9 @@ class Checkpointer:
         """
         restored = self._manager.restore(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                                    data=IteratorStateRestore()),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state), data=IteratorStateRestore()
+            ),
         )
         return restored["state"], restored["data"]
 

@@ -1,8 +1,9 @@
 """Typed run configuration: YAML file + dotted ``key=value`` overrides -> frozen ``Config``.
 
-Every default lives in the dataclasses below. Loading is strict: an unknown key, a value of the wrong
-type or an out-of-range value raises ``ConfigError`` naming the dotted key, and the CLI turns that into
-one line on stderr and exit code 2. Loading and validation never touch ``os.environ`` or ``jax.config``.
+Every default lives in the dataclasses below. Loading is strict: an unknown key, a value of the
+wrong type or an out-of-range value raises ``ConfigError`` naming the dotted key, and the CLI turns
+that into one line on stderr and exit code 2. Loading and validation never touch ``os.environ`` or
+``jax.config``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import yaml
 class ConfigError(ValueError):
     """A bad configuration value; ``key`` is the dotted name of the offending key."""
 
-    def __init__(self, key: str, message: str):
+    def __init__(self, key: str, message: str, *, name_key: bool = True):
         self.key = key
-        super().__init__(f"{key}: {message}" if key else message)
+        super().__init__(f"{key}: {message}" if key and name_key else message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +79,7 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    """Optimizer and LR schedule; the peak LR is ``base_lr`` scaled by batch / ``base_batch_size``."""
+    """Optimizer and LR schedule; peak LR = ``base_lr`` scaled by batch / ``base_batch_size``."""
 
     name: Literal["adamw", "sgd", "lamb", "lars"] = "adamw"
     base_lr: float = 1e-3
@@ -122,7 +123,7 @@ class Config:
         return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
 
     def replace(self, **overrides: Any) -> Config:
-        """Returns a validated copy with dotted-key overrides, e.g. ``replace(**{"train.steps": 5})``."""
+        """A validated copy with dotted-key overrides: ``replace(**{"train.steps": 5})``."""
         tree = to_dict(self)
         for key, value in overrides.items():
             _set_dotted(tree, key, value)
@@ -213,10 +214,13 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _unknown_key(name: str) -> ConfigError:
+def _unknown_key(name: str, value: Any) -> ConfigError:
+    while isinstance(value, dict) and len(value) == 1:  # 'trian: {steps: 5}' -> 'trian.steps'
+        ((child, value),) = value.items()
+        name = f"{name}.{child}"
     near = difflib.get_close_matches(name, all_keys(), n=1, cutoff=0.6)
     hint = f"; did you mean '{near[0]}'?" if near else ""
-    return ConfigError("", f"unknown key '{name}'{hint}")
+    return ConfigError(name, f"unknown key '{name}'{hint}", name_key=False)
 
 
 def _build(cls: type, tree: Any, prefix: str) -> Any:
@@ -224,9 +228,9 @@ def _build(cls: type, tree: Any, prefix: str) -> Any:
         raise ConfigError(prefix.rstrip("."), f"expected a mapping of keys, got {tree!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
-    for key in tree:
+    for key, value in tree.items():
         if key not in fields:
-            raise _unknown_key(prefix + str(key))
+            raise _unknown_key(prefix + str(key), value)
     kwargs = {}
     for name, value in tree.items():
         hint = hints[name]
@@ -293,7 +297,9 @@ def validate(config: Config) -> None:
         _positive(f"model.{key}", getattr(m, key))
     _positive("model.mlp_dim", m.mlp_dim, allow_none=True)
     if m.d_model % m.n_heads:
-        raise ConfigError("model.n_heads", f"must divide model.d_model={m.d_model}, got {m.n_heads}")
+        raise ConfigError(
+            "model.n_heads", f"must divide model.d_model={m.d_model}, got {m.n_heads}"
+        )
     head_dim = m.d_model // m.n_heads
     if m.positions == "rope" and head_dim % 2:
         raise ConfigError("model.n_heads", f"RoPE needs an even head dim, got {head_dim}")
@@ -315,10 +321,18 @@ def validate(config: Config) -> None:
         if not Path(d.path).is_file():
             raise ConfigError("data.path", f"file not found: {d.path}")
     elif d.path:
-        raise ConfigError("data.path", f"not used by data.source '{d.source}'; set data.source=text")
+        raise ConfigError(
+            "data.path", f"not used by data.source '{d.source}'; set data.source=text"
+        )
 
-    for key in ("steps", "batch_size", "log_every", "eval_every", "checkpoint_every",
-                "keep_checkpoints"):
+    for key in (
+        "steps",
+        "batch_size",
+        "log_every",
+        "eval_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+    ):
         _positive(f"train.{key}", getattr(t, key))
     _positive("train.eval_batch_size", t.eval_batch_size, allow_none=True)
     _positive("train.eval_batches", t.eval_batches, allow_none=True)

@@ -32,8 +32,9 @@ def peak_learning_rate(config: OptimConfig, global_batch_size: int) -> float:
     return config.base_lr
 
 
-def build_schedule(config: OptimConfig, *, total_steps: int,
-                   global_batch_size: int) -> optax.Schedule:
+def build_schedule(
+    config: OptimConfig, *, total_steps: int, global_batch_size: int
+) -> optax.Schedule:
     """Linear warmup to the peak, then cosine / linear / constant decay to ``min_lr_ratio * peak``.
 
     Warmup is lr = peak * (step + 1) / (warmup + 1), so step 0 already learns and step ``warmup``
@@ -70,21 +71,29 @@ def decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(is_decayed, params)
 
 
-def build_optimizer(config: OptimConfig, *, total_steps: int,
-                    global_batch_size: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def build_optimizer(
+    config: OptimConfig, *, total_steps: int, global_batch_size: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Returns the gradient transformation and the schedule it uses (the step logs the LR)."""
     lr = build_schedule(config, total_steps=total_steps, global_batch_size=global_batch_size)
     wd = config.weight_decay
     if config.name == "adamw":
-        opt = optax.adamw(lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=wd,
-                          mask=decay_mask)
+        opt = optax.adamw(
+            lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=wd, mask=decay_mask
+        )
     elif config.name == "lamb":
-        opt = optax.lamb(lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=wd,
-                         mask=decay_mask)
+        opt = optax.lamb(
+            lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=wd, mask=decay_mask
+        )
     elif config.name == "lars":
-        opt = optax.lars(lr, weight_decay=wd, weight_decay_mask=decay_mask,
-                         trust_ratio_mask=decay_mask, momentum=config.momentum,
-                         nesterov=config.nesterov)
+        opt = optax.lars(
+            lr,
+            weight_decay=wd,
+            weight_decay_mask=decay_mask,
+            trust_ratio_mask=decay_mask,
+            momentum=config.momentum,
+            nesterov=config.nesterov,
+        )
     else:
         opt = optax.chain(
             optax.add_decayed_weights(wd, mask=decay_mask),

@@ -16,8 +16,12 @@ from hopperjax.config import ConfigError, load_config
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hopperjax.train", description=__doc__)
     parser.add_argument("--config", required=True, help="YAML config, e.g. configs/quickstart.yaml")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="dotted overrides, e.g. train.steps=200 mesh.data=8 precision=bf16")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="dotted overrides, e.g. train.steps=200 mesh.data=8 precision=bf16",
+    )
     args = parser.parse_args(argv)
     # Set here, visibly, rather than inside library code: per-step keys that shard like the data.
     jax.config.update("jax_threefry_partitionable", True)

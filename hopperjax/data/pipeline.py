@@ -39,8 +39,9 @@ def _source_bytes(config: Config) -> Any:
     return text.embedded_corpus()
 
 
-def build_datasets(config: Config, *, process_index: int | None = None,
-                   process_count: int | None = None) -> Datasets:
+def build_datasets(
+    config: Config, *, process_index: int | None = None, process_count: int | None = None
+) -> Datasets:
     """Builds this process's train and eval datasets.
 
     Raises:
@@ -50,7 +51,10 @@ def build_datasets(config: Config, *, process_index: int | None = None,
     process_count = jax.process_count() if process_count is None else process_count
     data, train = config.data, config.train
     eval_batch = train.eval_batch_size or train.batch_size
-    for key, size in (("train.batch_size", train.batch_size), ("train.eval_batch_size", eval_batch)):
+    for key, size in (
+        ("train.batch_size", train.batch_size),
+        ("train.eval_batch_size", eval_batch),
+    ):
         if size % process_count:
             raise ConfigError(key, f"{size} is not divisible by {process_count} processes")
 
@@ -61,32 +65,47 @@ def build_datasets(config: Config, *, process_index: int | None = None,
     eval_windows = text.ByteWindows(source, split, n, data.seq_len)
     where = data.path or "the embedded corpus"
     if len(train_windows) < process_count:
-        raise ConfigError("data.path" if data.path else "data.seq_len",
-                          f"{where} ({n} bytes) is too small for one training window")
+        raise ConfigError(
+            "data.path" if data.path else "data.seq_len",
+            f"{where} ({n} bytes) is too small for one training window",
+        )
     if len(eval_windows) < eval_batch:
-        raise ConfigError("data.eval_fraction",
-                          f"the eval split of {where} has {len(eval_windows)} windows of "
-                          f"{data.seq_len + 1} bytes, fewer than one eval batch of {eval_batch}")
+        raise ConfigError(
+            "data.eval_fraction",
+            f"the eval split of {where} has {len(eval_windows)} windows of "
+            f"{data.seq_len + 1} bytes, fewer than one eval batch of {eval_batch}",
+        )
 
     train_ds = grain.MapDataset.source(train_windows)[process_index::process_count]
     if data.shuffle:
         # Shuffle before repeat: grain gives every epoch its own permutation of the same seed.
         train_ds = train_ds.shuffle(seed=config.seed)
-    train_ds = (train_ds.repeat(None)
-                .map(text.to_lm_example)
-                .batch(train.batch_size // process_count, drop_remainder=True))
-    eval_ds = (grain.MapDataset.source(eval_windows)[process_index::process_count]
-               .map(text.to_lm_example)
-               .batch(eval_batch // process_count, drop_remainder=True))
-    return Datasets(train=train_ds, eval=eval_ds, vocab_size=text.BYTE_VOCAB_SIZE,
-                    tokens_per_example=data.seq_len)
+    train_ds = (
+        train_ds.repeat(None)
+        .map(text.to_lm_example)
+        .batch(train.batch_size // process_count, drop_remainder=True)
+    )
+    eval_ds = (
+        grain.MapDataset.source(eval_windows)[process_index::process_count]
+        .map(text.to_lm_example)
+        .batch(eval_batch // process_count, drop_remainder=True)
+    )
+    return Datasets(
+        train=train_ds,
+        eval=eval_ds,
+        vocab_size=text.BYTE_VOCAB_SIZE,
+        tokens_per_example=data.seq_len,
+    )
 
 
 def make_iterator(dataset: grain.MapDataset, config: Config) -> grain.DatasetIterator:
     """An iterator over ``dataset``, with ``data.workers`` worker processes when > 0."""
     ds = dataset.to_iter_dataset()
     if config.data.workers > 0:
-        ds = ds.mp_prefetch(grain.MultiprocessingOptions(
-            num_workers=config.data.workers,
-            per_worker_buffer_size=config.data.worker_buffer_size))
+        ds = ds.mp_prefetch(
+            grain.MultiprocessingOptions(
+                num_workers=config.data.workers,
+                per_worker_buffer_size=config.data.worker_buffer_size,
+            )
+        )
     return iter(ds)

@@ -25,38 +25,70 @@ class Block(nn.Module):
         """x: [batch, length, embed] -> same; the second input/output is the scan carry slot."""
         cfg, policy = self.config, self.policy
         heads, head_dim = cfg.n_heads, cfg.d_model // cfg.n_heads
-        # GPT-2: residual projections scaled down by sqrt(2 * layers) keep the stream's variance flat.
+        # GPT-2: residual projections scaled by 1/sqrt(2 * layers) keep the stream's variance flat.
         out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
         dropout = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
         compute = policy.compute_dtype
 
-        h = layers.layer_norm(policy=policy, eps=cfg.norm_eps, use_bias=cfg.use_bias,
-                              name="attn_norm")(x).astype(compute)
-        qkv = layers.dense((3, heads, head_dim), axes=("embed", None, "heads", "kv"), policy=policy,
-                           std=cfg.init_std, use_bias=cfg.use_bias, name="qkv")(h)
+        h = layers.layer_norm(
+            policy=policy, eps=cfg.norm_eps, use_bias=cfg.use_bias, name="attn_norm"
+        )(x).astype(compute)
+        qkv = layers.dense(
+            (3, heads, head_dim),
+            axes=("embed", None, "heads", "kv"),
+            policy=policy,
+            std=cfg.init_std,
+            use_bias=cfg.use_bias,
+            name="qkv",
+        )(h)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each (B, T, nh, hd)
         if cfg.positions == "rope":
             positions = jnp.arange(x.shape[1])
             q = layers.rope(q, positions, cfg.rope_theta)
             k = layers.rope(k, positions, cfg.rope_theta)
         attn = layers.causal_attention(q, k, v)  # (B, T, nh, hd)
-        attn = layers.dense(cfg.d_model, axes=("heads", "kv", "embed"), policy=policy, std=out_std,
-                            use_bias=cfg.use_bias, name="attn_out")(attn)
+        attn = layers.dense(
+            cfg.d_model,
+            axes=("heads", "kv", "embed"),
+            policy=policy,
+            std=out_std,
+            use_bias=cfg.use_bias,
+            name="attn_out",
+        )(attn)
         x = x + dropout(attn)
 
-        h = layers.layer_norm(policy=policy, eps=cfg.norm_eps, use_bias=cfg.use_bias,
-                              name="mlp_norm")(x).astype(compute)
+        h = layers.layer_norm(
+            policy=policy, eps=cfg.norm_eps, use_bias=cfg.use_bias, name="mlp_norm"
+        )(x).astype(compute)
         mlp_dim = cfg.mlp_dim or 4 * cfg.d_model
         if cfg.mlp == "swiglu":
-            gate_up = layers.dense((2, mlp_dim), axes=("embed", None, "mlp"), policy=policy,
-                                   std=cfg.init_std, use_bias=cfg.use_bias, name="mlp_in")(h)
+            gate_up = layers.dense(
+                (2, mlp_dim),
+                axes=("embed", None, "mlp"),
+                policy=policy,
+                std=cfg.init_std,
+                use_bias=cfg.use_bias,
+                name="mlp_in",
+            )(h)
             h = nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
         else:
-            h = layers.dense(mlp_dim, axes=("embed", "mlp"), policy=policy, std=cfg.init_std,
-                             use_bias=cfg.use_bias, name="mlp_in")(h)
+            h = layers.dense(
+                mlp_dim,
+                axes=("embed", "mlp"),
+                policy=policy,
+                std=cfg.init_std,
+                use_bias=cfg.use_bias,
+                name="mlp_in",
+            )(h)
             h = nn.gelu(h, approximate=False)
-        h = layers.dense(cfg.d_model, axes=("mlp", "embed"), policy=policy, std=out_std,
-                         use_bias=cfg.use_bias, name="mlp_out")(h)
+        h = layers.dense(
+            cfg.d_model,
+            axes=("mlp", "embed"),
+            policy=policy,
+            std=out_std,
+            use_bias=cfg.use_bias,
+            name="mlp_out",
+        )(h)
         x = x + dropout(h)
         return layers.constrain(x, ("batch", "length", "embed")), None
 
@@ -83,12 +115,22 @@ class GPT(nn.Module):
           logits: [batch, length, vocab] in the policy's output dtype (fp32).
         """
         cfg, policy = self.config, self.policy
-        token_embed = layers.embed(cfg.vocab_size, cfg.d_model, axes=("vocab", "embed"),
-                                   policy=policy, std=cfg.init_std, name="token_embed")
+        token_embed = layers.embed(
+            cfg.vocab_size,
+            cfg.d_model,
+            axes=("vocab", "embed"),
+            policy=policy,
+            std=cfg.init_std,
+            name="token_embed",
+        )
         x = token_embed(tokens)  # (B, T, d)
         if cfg.positions == "learned":
-            pos = self.param("pos_embed", layers.normal_init(cfg.init_std, ("length", "embed")),
-                             (cfg.max_len, cfg.d_model), policy.param_dtype)
+            pos = self.param(
+                "pos_embed",
+                layers.normal_init(cfg.init_std, ("length", "embed")),
+                (cfg.max_len, cfg.d_model),
+                policy.param_dtype,
+            )
             x = x + pos[None, : tokens.shape[1]].astype(x.dtype)
         x = x.astype(policy.compute_dtype)
         x = nn.Dropout(cfg.dropout, deterministic=deterministic)(x)
@@ -104,11 +146,18 @@ class GPT(nn.Module):
         )
         x, _ = blocks(cfg, policy, deterministic, name="blocks")(x, None)
 
-        x = layers.layer_norm(policy=policy, eps=cfg.norm_eps, use_bias=cfg.use_bias,
-                              name="final_norm")(x).astype(policy.compute_dtype)
+        x = layers.layer_norm(
+            policy=policy, eps=cfg.norm_eps, use_bias=cfg.use_bias, name="final_norm"
+        )(x).astype(policy.compute_dtype)
         if cfg.tie_embeddings:
             logits = token_embed.attend(x)
         else:
-            logits = layers.dense(cfg.vocab_size, axes=("embed", "vocab"), policy=policy,
-                                  std=cfg.init_std, use_bias=False, name="lm_head")(x)
+            logits = layers.dense(
+                cfg.vocab_size,
+                axes=("embed", "vocab"),
+                policy=policy,
+                std=cfg.init_std,
+                use_bias=False,
+                name="lm_head",
+            )(x)
         return logits.astype(policy.output_dtype)

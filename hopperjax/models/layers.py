@@ -48,20 +48,32 @@ class Dense(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         n_in = len(self.kernel_axes) - len(self.features)
         in_shape = x.shape[-n_in:]
-        kernel = self.param("kernel", normal_init(self.std, self.kernel_axes),
-                            (*in_shape, *self.features), self.param_dtype)
+        kernel = self.param(
+            "kernel",
+            normal_init(self.std, self.kernel_axes),
+            (*in_shape, *self.features),
+            self.param_dtype,
+        )
         contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
         y = self.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), (contract, ((), ())))
         if self.use_bias:
-            bias_init = nn.with_logical_partitioning(nn.initializers.zeros_init(),
-                                                     self.kernel_axes[n_in:])
+            bias_init = nn.with_logical_partitioning(
+                nn.initializers.zeros_init(), self.kernel_axes[n_in:]
+            )
             bias = self.param("bias", bias_init, self.features, self.param_dtype)
             y = y + bias.astype(self.dtype)
         return y
 
 
-def dense(features: int | Sequence[int], *, axes: Axes, policy: Policy, std: float,
-          use_bias: bool, name: str) -> Dense:
+def dense(
+    features: int | Sequence[int],
+    *,
+    axes: Axes,
+    policy: Policy,
+    std: float,
+    use_bias: bool,
+    name: str,
+) -> Dense:
     """A Dense layer in the policy's dtypes whose kernel carries logical ``axes``.
 
     Args:
@@ -70,12 +82,20 @@ def dense(features: int | Sequence[int], *, axes: Axes, policy: Policy, std: flo
       axes: logical names for every kernel dimension (inputs first, then outputs).
     """
     features = (features,) if isinstance(features, int) else tuple(features)
-    return Dense(features=features, kernel_axes=axes, std=std, use_bias=use_bias,
-                 dtype=policy.compute_dtype, param_dtype=policy.param_dtype, name=name)
+    return Dense(
+        features=features,
+        kernel_axes=axes,
+        std=std,
+        use_bias=use_bias,
+        dtype=policy.compute_dtype,
+        param_dtype=policy.param_dtype,
+        name=name,
+    )
 
 
-def embed(num: int, features: int, *, axes: Axes, policy: Policy, std: float,
-          name: str) -> nn.Embed:
+def embed(
+    num: int, features: int, *, axes: Axes, policy: Policy, std: float, name: str
+) -> nn.Embed:
     return nn.Embed(
         num_embeddings=num,
         features=features,
@@ -87,7 +107,7 @@ def embed(num: int, features: int, *, axes: Axes, policy: Policy, std: float,
 
 
 def layer_norm(*, policy: Policy, eps: float, use_bias: bool, name: str) -> nn.LayerNorm:
-    """LayerNorm computed in fp32 (its statistics lose too much in bf16), output in compute dtype."""
+    """LayerNorm in fp32 (its statistics lose too much in bf16); callers cast the output."""
     del policy  # Statistics are always fp32; the caller casts the output.
     return nn.LayerNorm(
         epsilon=eps,

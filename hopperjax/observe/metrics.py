@@ -24,7 +24,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _after_checkpoint(record: dict[str, Any], step: int) -> bool:
-    """Train record ``s`` is the update from ``s`` to ``s + 1``; eval record ``s`` is after ``s``."""
+    """Train record ``s`` is the update ``s`` -> ``s + 1``; eval record ``s`` is after ``s``."""
     if "loss" in record:
         return record["step"] >= step
     return record["step"] > step
@@ -62,8 +62,15 @@ class MetricsWriter:
       console: print a line per record.
     """
 
-    def __init__(self, run_dir: str | Path, *, total_steps: int, resume_step: int = 0,
-                 enabled: bool = True, console: bool = True):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        total_steps: int,
+        resume_step: int = 0,
+        enabled: bool = True,
+        console: bool = True,
+    ):
         self._enabled = enabled
         self._total = total_steps
         self._console = Console(highlight=False, soft_wrap=True) if console and enabled else None

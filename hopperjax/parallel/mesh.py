@@ -32,16 +32,23 @@ def build_mesh(config: MeshConfig, devices: Sequence[jax.Device] | None = None) 
     for axis, size in sizes.items():
         if size == -1:
             if len(devices) % known:
-                raise ConfigError(f"mesh.{axis}", f"-1 cannot fill {len(devices)} devices "
-                                  f"when the other axes multiply to {known}")
+                raise ConfigError(
+                    f"mesh.{axis}",
+                    f"-1 cannot fill {len(devices)} devices "
+                    f"when the other axes multiply to {known}",
+                )
             sizes[axis] = len(devices) // known
     shape = tuple(sizes[a] for a in MESH_AXES)
     if math.prod(shape) != len(devices):
-        raise ConfigError("mesh", f"data*fsdp*tensor = {math.prod(shape)} must equal the "
-                          f"{len(devices)} available devices")
+        raise ConfigError(
+            "mesh",
+            f"data*fsdp*tensor = {math.prod(shape)} must equal the "
+            f"{len(devices)} available devices",
+        )
     # Auto axes: XLA propagates shardings between our explicit constraints (GSPMD style).
-    return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                         devices=devices)
+    return jax.make_mesh(
+        shape, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
+    )
 
 
 def batch_axis_size(mesh: Mesh) -> int:

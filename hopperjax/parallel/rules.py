@@ -33,6 +33,6 @@ def logical_sharding(mesh: Mesh, logical_axes: Sequence[str | None]) -> NamedSha
 
 @contextlib.contextmanager
 def sharding_context(mesh: Mesh) -> Iterator[None]:
-    """Mesh and rules in scope while tracing, so ``nn.with_logical_constraint`` can resolve names."""
+    """Mesh and rules in scope while tracing, for ``nn.with_logical_constraint`` to resolve."""
     with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_AXIS_RULES):
         yield

@@ -95,8 +95,11 @@ def _check_resumable(config: Config, path: Path) -> None:
     now = _flatten(config_lib.to_dict(config))
     for key, value in now.items():
         if key.startswith(_STATE_SHAPING_PREFIXES) and before.get(key, value) != value:
-            raise ConfigError(key, f"changed from {before[key]!r} to {value!r}, but {path.parent} "
-                              f"holds checkpoints of the old value; use a new run_dir")
+            raise ConfigError(
+                key,
+                f"changed from {before[key]!r} to {value!r}, but {path.parent} "
+                f"holds checkpoints of the old value; use a new run_dir",
+            )
 
 
 def _write_config(config: Config, path: Path) -> None:
@@ -106,8 +109,14 @@ def _write_config(config: Config, path: Path) -> None:
     tmp.replace(path)
 
 
-def _summarize(fetched: list[dict[str, Any]], *, step: int, seconds: float,
-               tokens_per_step: int, steps_left: int) -> dict[str, Any]:
+def _summarize(
+    fetched: list[dict[str, Any]],
+    *,
+    step: int,
+    seconds: float,
+    tokens_per_step: int,
+    steps_left: int,
+) -> dict[str, Any]:
     """Reduces a log window's fetched metrics: means, except the LR at the window's end."""
     record: dict[str, Any] = {"step": step}
     for key in fetched[0]:
@@ -120,8 +129,9 @@ def _summarize(fetched: list[dict[str, Any]], *, step: int, seconds: float,
     return record
 
 
-def _evaluate(eval_step: Any, state: TrainState, config: Config, datasets: Any,
-              sharding: Any) -> dict[str, float]:
+def _evaluate(
+    eval_step: Any, state: TrainState, config: Config, datasets: Any, sharding: Any
+) -> dict[str, float]:
     """Mean loss and next-token accuracy over ``train.eval_batches`` batches (default: all)."""
     limit = config.train.eval_batches
     batches = DevicePrefetcher(iter(datasets.eval), sharding, config.data.device_prefetch)
@@ -136,8 +146,11 @@ def _evaluate(eval_step: Any, state: TrainState, config: Config, datasets: Any,
         batches.close()
     totals = jax.device_get(totals)
     loss = float(totals["loss_sum"] / totals["tokens"])
-    return {"eval_loss": loss, "eval_accuracy": float(totals["correct"] / totals["tokens"]),
-            "eval_perplexity": math.exp(min(loss, 50.0))}
+    return {
+        "eval_loss": loss,
+        "eval_accuracy": float(totals["correct"] / totals["tokens"]),
+        "eval_perplexity": math.exp(min(loss, 50.0)),
+    }
 
 
 @contextlib.contextmanager
@@ -149,8 +162,9 @@ def _closing(*closables: Any) -> Iterator[None]:
             c.close()
 
 
-def train(config: Config, *, devices: Sequence[jax.Device] | None = None,
-          console: bool = True) -> TrainResult:
+def train(
+    config: Config, *, devices: Sequence[jax.Device] | None = None, console: bool = True
+) -> TrainResult:
     """Trains (or resumes) the run that ``config`` describes.
 
     Args:
@@ -173,15 +187,18 @@ def train(config: Config, *, devices: Sequence[jax.Device] | None = None,
             raise ConfigError(key, f"{size} is not divisible by the data*fsdp mesh axes ({ways})")
     datasets = build_datasets(config)
     if datasets.vocab_size > config.model.vocab_size:
-        raise ConfigError("model.vocab_size", f"the data emits {datasets.vocab_size} token ids, "
-                          f"got {config.model.vocab_size}")
+        raise ConfigError(
+            "model.vocab_size",
+            f"the data emits {datasets.vocab_size} token ids, got {config.model.vocab_size}",
+        )
     if primary:
         _check_resumable(config, run_dir / "config.yaml")
         _write_config(config, run_dir / "config.yaml")
 
     model = build_model(config.model, get_policy(config.precision))
-    tx, schedule = build_optimizer(config.optim, total_steps=t.steps,
-                                   global_batch_size=t.batch_size)
+    tx, schedule = build_optimizer(
+        config.optim, total_steps=t.steps, global_batch_size=t.batch_size
+    )
     batch_sharding = logical_sharding(mesh, ("batch", "length"))
     tokens = jax.ShapeDtypeStruct((t.batch_size, d.seq_len), jnp.int32, sharding=batch_sharding)
     eval_tokens = jax.ShapeDtypeStruct((eval_batch, d.seq_len), jnp.int32, sharding=batch_sharding)
@@ -190,30 +207,46 @@ def train(config: Config, *, devices: Sequence[jax.Device] | None = None,
     # for the activation constraints. Flax's scan evaluates constant parameter inits eagerly,
     # where a mesh in scope would make it constrain concrete arrays.
     abstract, shardings = state_shardings(model, tx, mesh, seed=config.seed, example_tokens=tokens)
-    checkpointer = Checkpointer(run_dir / "checkpoints", every=t.checkpoint_every,
-                                keep=t.keep_checkpoints, async_save=t.async_checkpoint)
+    checkpointer = Checkpointer(
+        run_dir / "checkpoints",
+        every=t.checkpoint_every,
+        keep=t.keep_checkpoints,
+        async_save=t.async_checkpoint,
+    )
     train_iterator = make_iterator(datasets.train, config)
     start = checkpointer.latest_step() or 0
     if start:
         state, data_state = checkpointer.restore(start, abstract)
         train_iterator.set_state(data_state)
     else:
-        state, _ = create_train_state(model, tx, mesh, seed=config.seed, example_tokens=tokens,
-                                      shardings=shardings)
-    train_fn, eval_fn = jit_steps(model=model, tx=tx, schedule=schedule,
-                                  state_shardings=shardings, batch_sharding=batch_sharding)
+        state, _ = create_train_state(
+            model, tx, mesh, seed=config.seed, example_tokens=tokens, shardings=shardings
+        )
+    train_fn, eval_fn = jit_steps(
+        model=model,
+        tx=tx,
+        schedule=schedule,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding,
+    )
     compile_start = time.perf_counter()
     with sharding_context(mesh):
         train_step = train_fn.lower(abstract, {"inputs": tokens, "targets": tokens}).compile()
-        eval_step = eval_fn.lower(abstract, {"inputs": eval_tokens, "targets": eval_tokens}).compile()
+        eval_step = eval_fn.lower(
+            abstract, {"inputs": eval_tokens, "targets": eval_tokens}
+        ).compile()
     compile_s = time.perf_counter() - compile_start
 
-    writer = MetricsWriter(run_dir, total_steps=t.steps, resume_step=start, enabled=primary,
-                           console=console)
+    writer = MetricsWriter(
+        run_dir, total_steps=t.steps, resume_step=start, enabled=primary, console=console
+    )
     num_params = sum(x.size for x in jax.tree.leaves(abstract.params))
-    writer.info(f"hopperjax: {num_params:,} params | mesh {dict(mesh.shape)} | "
-                f"{config.precision} | compiled in {compile_s:.1f}s | "
-                + (f"resumed at step {start}" if start else "fresh start") + f" | {run_dir}")
+    writer.info(
+        f"hopperjax: {num_params:,} params | mesh {dict(mesh.shape)} | "
+        f"{config.precision} | compiled in {compile_s:.1f}s | "
+        + (f"resumed at step {start}" if start else "fresh start")
+        + f" | {run_dir}"
+    )
     end = t.stop_after or t.steps
     if start >= end:
         writer.info(f"hopperjax: nothing to do, the run is at step {start} (end {end})")
@@ -229,19 +262,26 @@ def train(config: Config, *, devices: Sequence[jax.Device] | None = None,
             done = step + 1
             if done % t.log_every == 0 or done == end or preemption.requested:
                 fetched = jax.device_get(window)  # The loop's one device sync per log window.
-                record = _summarize(fetched, step=step, tokens_per_step=tokens_per_step,
-                                    seconds=time.perf_counter() - window_start,
-                                    steps_left=end - done)
+                record = _summarize(
+                    fetched,
+                    step=step,
+                    tokens_per_step=tokens_per_step,
+                    seconds=time.perf_counter() - window_start,
+                    steps_left=end - done,
+                )
                 if not math.isfinite(record["loss"]):
                     raise FloatingPointError(
                         f"loss is {record['loss']} in steps {step - len(window) + 1}-{step}; "
-                        f"the last checkpoint is step {checkpointer.latest_step()}")
+                        f"the last checkpoint is step {checkpointer.latest_step()}"
+                    )
                 writer.write(record)
                 history.append(record)
                 window = []
             if done % t.eval_every == 0 or done == t.steps:
-                record = {"step": done, **_evaluate(eval_step, state, config, datasets,
-                                                    batch_sharding)}
+                record = {
+                    "step": done,
+                    **_evaluate(eval_step, state, config, datasets, batch_sharding),
+                }
                 writer.write(record)
                 history.append(record)
             stopping = done == end or preemption.requested

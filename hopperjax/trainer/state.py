@@ -31,19 +31,30 @@ class TrainState:
     rng: jax.Array
 
 
-def _init_boxed(model: nn.Module, tx: optax.GradientTransformation, seed: int,
-                example_tokens: jax.ShapeDtypeStruct) -> TrainState:
+def _init_boxed(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    seed: int,
+    example_tokens: jax.ShapeDtypeStruct,
+) -> TrainState:
     """Initializes a state whose leaves still carry logical-axis metadata (``nn.Partitioned``)."""
     root = jax.random.PRNGKey(seed)
     init_key, train_key = jax.random.split(root)
     tokens = jnp.zeros(example_tokens.shape, example_tokens.dtype)
     params = model.init(init_key, tokens)["params"]
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                      rng=train_key)
+    return TrainState(
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=train_key
+    )
 
 
-def state_shardings(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh, *, seed: int,
-                    example_tokens: jax.ShapeDtypeStruct) -> tuple[Any, Any]:
+def state_shardings(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    *,
+    seed: int,
+    example_tokens: jax.ShapeDtypeStruct,
+) -> tuple[Any, Any]:
     """Shapes before arrays: abstract state and its NamedShardings from the logical-axis rules.
 
     Returns:
@@ -53,16 +64,27 @@ def state_shardings(model: nn.Module, tx: optax.GradientTransformation, mesh: Me
     logical_specs = nn.get_partition_spec(boxed)
     shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
     shardings = jax.tree.map(
-        lambda s: NamedSharding(mesh, PartitionSpec()) if s is None else s, shardings,
-        is_leaf=lambda x: x is None or isinstance(x, NamedSharding))
-    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            nn.meta.unbox(boxed), shardings)
+        lambda s: NamedSharding(mesh, PartitionSpec()) if s is None else s,
+        shardings,
+        is_leaf=lambda x: x is None or isinstance(x, NamedSharding),
+    )
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        nn.meta.unbox(boxed),
+        shardings,
+    )
     return abstract, shardings
 
 
-def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh, *,
-                       seed: int, example_tokens: jax.ShapeDtypeStruct,
-                       shardings: Any = None) -> tuple[TrainState, Any]:
+def create_train_state(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    *,
+    seed: int,
+    example_tokens: jax.ShapeDtypeStruct,
+    shardings: Any = None,
+) -> tuple[TrainState, Any]:
     """Creates the initial state already sharded: each device computes only its own shards.
 
     Args:
@@ -74,6 +96,7 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, mesh:
     """
     if shardings is None:
         _, shardings = state_shardings(model, tx, mesh, seed=seed, example_tokens=example_tokens)
-    init = jax.jit(lambda: nn.meta.unbox(_init_boxed(model, tx, seed, example_tokens)),
-                   out_shardings=shardings)
+    init = jax.jit(
+        lambda: nn.meta.unbox(_init_boxed(model, tx, seed, example_tokens)), out_shardings=shardings
+    )
     return init(), shardings

@@ -26,9 +26,14 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
 
 
-def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
-               tx: optax.GradientTransformation, schedule: optax.Schedule
-               ) -> tuple[TrainState, Metrics]:
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    *,
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+) -> tuple[TrainState, Metrics]:
     """One optimizer update on one global batch.
 
     Args:
@@ -41,8 +46,9 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
     dropout_key = jax.random.fold_in(state.rng, state.step)
 
     def loss_fn(params: Any) -> jax.Array:
-        logits = model.apply({"params": params}, batch["inputs"], deterministic=False,
-                             rngs={"dropout": dropout_key})
+        logits = model.apply(
+            {"params": params}, batch["inputs"], deterministic=False, rngs={"dropout": dropout_key}
+        )
         return cross_entropy(logits, batch["targets"]).mean()
 
     loss, grads = jax.value_and_grad(loss_fn)(state.params)
@@ -71,8 +77,14 @@ def eval_step(state: TrainState, batch: Batch, *, model: nn.Module) -> Metrics:
     }
 
 
-def jit_steps(*, model: nn.Module, tx: optax.GradientTransformation, schedule: optax.Schedule,
-              state_shardings: Any, batch_sharding: NamedSharding) -> tuple[Any, Any]:
+def jit_steps(
+    *,
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    state_shardings: Any,
+    batch_sharding: NamedSharding,
+) -> tuple[Any, Any]:
     """The jitted train and eval steps with explicit shardings; the train step donates its state.
 
     Returns:

@@ -1,0 +1,57 @@
+"""The CLI contract: bad config -> exit code 2 and one line naming the key; a run writes its dir."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, TINY
+
+CLI = [sys.executable, "-m", "hopperjax.train", "--config", "configs/quickstart.yaml"]
+
+
+def run_cli(*overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["trian.steps=5"], "train.steps"),  # unknown key, nearest name suggested
+        (["train.steps=ten"], "train.steps"),  # wrong type
+        (["train.steps=-1"], "train.steps"),  # bad value
+        (["mesh.data=8", "train.batch_size=12"], "train.batch_size"),  # not divisible by data axis
+        (["data.source=text", "data.path=/no/such/file.txt"], "data.path"),  # missing data file
+    ],
+    ids=["unknown-key", "bad-type", "negative-steps", "batch-vs-mesh", "missing-file"],
+)
+def test_bad_config_exits_2_with_one_line(overrides, key, tmp_path):
+    proc = run_cli(*overrides, f"run_dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("hopperjax: config error:")
+    assert key in lines[0]
+
+
+def test_cli_trains_and_writes_the_run_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(*TINY, "train.steps=4", "train.eval_every=2", f"run_dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr
+    assert (run_dir / "config.yaml").is_file()
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train_records] == [0, 1, 2, 3]
+    for r in train_records:
+        assert {"step", "loss", "lr", "step_time_s", "tokens_per_s", "grad_norm"} <= r.keys()
+    assert [r["step"] for r in records if "eval_loss" in r] == [2, 4]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) == ["4"]
+    assert any((run_dir / "tb").glob("events.out.tfevents.*"))

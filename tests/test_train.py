@@ -1,0 +1,188 @@
+"""End-to-end training: data-parallel parity, exact resume, LR scaling, NaN guard, preemption."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import REPO, TINY
+
+import hopperjax
+from hopperjax.config import ConfigError
+from hopperjax.observe import read_metrics
+
+
+def train_losses(history):
+    return {r["step"]: r["loss"] for r in history if "loss" in r}
+
+
+def test_eight_devices_match_one_device(tiny_config, tmp_path):
+    one = hopperjax.train(
+        tiny_config("mesh.data=1", f"run_dir={tmp_path / 'one'}"),
+        devices=jax.devices()[:1],
+        console=False,
+    )
+    eight = hopperjax.train(
+        tiny_config("mesh.data=8", f"run_dir={tmp_path / 'eight'}"), console=False
+    )
+    a, b = train_losses(one.history), train_losses(eight.history)
+    assert sorted(a) == sorted(b) == list(range(20))
+    np.testing.assert_allclose([b[s] for s in a], [a[s] for s in a], rtol=1e-4)
+    # Data parallel: every parameter is replicated on all 8 devices, the batch is split 8 ways.
+    for leaf in jax.tree.leaves(eight.state.params):
+        assert len(leaf.sharding.device_set) == 8 and leaf.sharding.is_fully_replicated
+
+
+def test_resume_is_exact(tiny_config, tmp_path):
+    straight = hopperjax.train(
+        tiny_config("train.steps=40", f"run_dir={tmp_path / 'a'}"), console=False
+    )
+    resumed_dir = tmp_path / "b"
+    first = hopperjax.train(
+        tiny_config("train.steps=40", "train.stop_after=20", f"run_dir={resumed_dir}"),
+        console=False,
+    )
+    assert max(train_losses(first.history)) == 19
+    # A crash after the checkpoint leaves records the resumed run will log again, and maybe a
+    # half-written checkpoint directory; neither may leak into the resumed run.
+    with (resumed_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 22, "loss": 99.0, "lr": 0.0}) + "\n")
+    partial = resumed_dir / "checkpoints" / "30.orbax-checkpoint-tmp-1700000000000000"
+    partial.mkdir()
+    (partial / "garbage").write_text("half written")
+
+    second = hopperjax.train(tiny_config("train.steps=40", f"run_dir={resumed_dir}"), console=False)
+    a, b = train_losses(straight.history), train_losses(second.history)
+    assert sorted(b) == list(range(20, 40))
+    np.testing.assert_allclose([b[s] for s in b], [a[s] for s in b], rtol=1e-6, atol=0)
+    logged = [r for r in read_metrics(resumed_dir / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in logged] == list(range(40))
+    np.testing.assert_allclose([r["loss"] for r in logged], [a[s] for s in range(40)], rtol=1e-6)
+    for x, y in zip(
+        jax.tree.leaves(straight.state.params), jax.tree.leaves(second.state.params), strict=True
+    ):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+def test_rerun_of_a_finished_run_does_nothing(tiny_config):
+    config = tiny_config("train.steps=3")
+    hopperjax.train(config, console=False)
+    again = hopperjax.train(config, console=False)
+    assert again.history == []
+    assert int(again.state.step) == 3
+
+
+def test_resume_refuses_a_changed_model(tiny_config):
+    hopperjax.train(tiny_config("train.steps=2"), console=False)
+    with pytest.raises(ConfigError) as info:
+        hopperjax.train(tiny_config("train.steps=4", "model.d_model=64"), console=False)
+    assert info.value.key == "model.d_model"
+
+
+def test_linear_lr_scaling_is_what_the_step_uses(tiny_config):
+    base_lr, warmup = 1e-3, 2
+    result = hopperjax.train(
+        tiny_config(
+            "train.steps=4",
+            "train.batch_size=32",
+            "optim.base_batch_size=8",
+            f"optim.base_lr={base_lr}",
+            f"optim.warmup_steps={warmup}",
+            "optim.lr_scaling=linear",
+            "train.eval_every=100",
+        ),
+        console=False,
+    )
+    lrs = {r["step"]: r["lr"] for r in result.history if "lr" in r}
+    peak = base_lr * 32 / 8
+    assert lrs[warmup] == pytest.approx(peak, rel=1e-6)  # first step after warmup
+    assert lrs[0] == pytest.approx(peak / (warmup + 1), rel=1e-6)
+
+
+def test_eval_reports_loss_and_accuracy(tiny_config):
+    result = hopperjax.train(tiny_config(), console=False)
+    evals = [r for r in result.history if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [10, 20]
+    assert evals[-1]["eval_loss"] < math.log(256)
+    assert 0.0 < evals[-1]["eval_accuracy"] < 1.0
+    assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]
+
+
+def test_nan_loss_names_the_steps(tiny_config):
+    with pytest.raises(FloatingPointError, match=r"loss is nan in steps \d+-\d+"):
+        hopperjax.train(
+            tiny_config(
+                "optim.base_lr=1e30",
+                "optim.clip_norm=null",
+                "optim.warmup_steps=0",
+                "train.log_every=5",
+            ),
+            console=False,
+        )
+
+
+def test_step_compiles_once_and_makes_no_hidden_transfers(tiny_config):
+    config = tiny_config()
+    mesh = hopperjax.build_mesh(config.mesh)
+    model = hopperjax.build_model(config.model, hopperjax.get_policy(config.precision))
+    tx, schedule = hopperjax.build_optimizer(config.optim, total_steps=20, global_batch_size=16)
+    batch_sharding = hopperjax.parallel.logical_sharding(mesh, ("batch", "length"))
+    tokens = jax.ShapeDtypeStruct((16, 32), jnp.int32, sharding=batch_sharding)
+    state, shardings = hopperjax.create_train_state(model, tx, mesh, seed=0, example_tokens=tokens)
+    train_step, _ = hopperjax.jit_steps(
+        model=model,
+        tx=tx,
+        schedule=schedule,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding,
+    )
+    batch = {
+        k: jax.device_put(jnp.ones((16, 32), jnp.int32), batch_sharding)
+        for k in ("inputs", "targets")
+    }
+    with hopperjax.sharding_context(mesh), jax.transfer_guard("disallow"):
+        for _ in range(3):
+            state, metrics = train_step(state, batch)
+    assert train_step._cache_size() == 1
+    assert int(state.step) == 3 and np.isfinite(float(metrics["loss"]))
+
+
+def test_sigterm_checkpoints_and_stops(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "hopperjax.train",
+        "--config",
+        "configs/quickstart.yaml",
+        *TINY,
+        "train.steps=100000",
+        "train.checkpoint_every=100000",
+        f"run_dir={run_dir}",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while len(read_metrics(metrics)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "SIGTERM" in out
+    last = max(r["step"] for r in read_metrics(metrics) if "loss" in r)
+    steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == [last + 1]
