@@ -14,8 +14,10 @@ from hopperjax.optim import build_optimizer
 from hopperjax.parallel import build_mesh, sharding_context
 from hopperjax.precision import get_policy
 from hopperjax.trainer import (
+    Components,
     TrainResult,
     TrainState,
+    build_components,
     create_train_state,
     eval_step,
     jit_steps,
@@ -26,10 +28,12 @@ from hopperjax.trainer import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Components",
     "Config",
     "ConfigError",
     "TrainResult",
     "TrainState",
+    "build_components",
     "build_datasets",
     "build_mesh",
     "build_model",

@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"hopperjax: config error: {e}", file=sys.stderr)
         return 2
+    except FloatingPointError as e:
+        print(f"hopperjax: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -25,14 +25,10 @@ import yaml
 from hopperjax import config as config_lib
 from hopperjax.checkpoint import Checkpointer
 from hopperjax.config import Config, ConfigError
-from hopperjax.data import DevicePrefetcher, build_datasets, make_iterator
-from hopperjax.models import build_model
+from hopperjax.data import DevicePrefetcher, make_iterator
 from hopperjax.observe import MetricsWriter
-from hopperjax.optim import build_optimizer
-from hopperjax.parallel import batch_axis_size, build_mesh, logical_sharding, sharding_context
-from hopperjax.precision import get_policy
-from hopperjax.trainer.state import TrainState, create_train_state, state_shardings
-from hopperjax.trainer.step import jit_steps
+from hopperjax.trainer.components import Components, build_components
+from hopperjax.trainer.state import TrainState, create_train_state
 
 # Keys whose change makes an existing checkpoint unusable (parameter or optimizer-state shapes).
 _STATE_SHAPING_PREFIXES = ("model.", "optim.name")
@@ -129,12 +125,12 @@ def _summarize(
     return record
 
 
-def _evaluate(
-    eval_step: Any, state: TrainState, config: Config, datasets: Any, sharding: Any
-) -> dict[str, float]:
+def _evaluate(eval_step: Any, state: TrainState, parts: Components) -> dict[str, float]:
     """Mean loss and next-token accuracy over ``train.eval_batches`` batches (default: all)."""
-    limit = config.train.eval_batches
-    batches = DevicePrefetcher(iter(datasets.eval), sharding, config.data.device_prefetch)
+    limit = parts.config.train.eval_batches
+    batches = DevicePrefetcher(
+        iter(parts.datasets.eval), parts.batch_sharding, parts.config.data.device_prefetch
+    )
     totals = None
     try:
         for i, batch in enumerate(batches):
@@ -178,119 +174,120 @@ def train(
     """
     run_dir = config.run_path
     primary = jax.process_index() == 0
-    t, d = config.train, config.data
-    mesh = build_mesh(config.mesh, devices)
-    ways = batch_axis_size(mesh)
-    eval_batch = t.eval_batch_size or t.batch_size
-    for key, size in (("train.batch_size", t.batch_size), ("train.eval_batch_size", eval_batch)):
-        if size % ways:
-            raise ConfigError(key, f"{size} is not divisible by the data*fsdp mesh axes ({ways})")
-    datasets = build_datasets(config)
-    if datasets.vocab_size > config.model.vocab_size:
-        raise ConfigError(
-            "model.vocab_size",
-            f"the data emits {datasets.vocab_size} token ids, got {config.model.vocab_size}",
-        )
+    t = config.train
+    parts = build_components(config, devices=devices)
     if primary:
         _check_resumable(config, run_dir / "config.yaml")
         _write_config(config, run_dir / "config.yaml")
 
-    model = build_model(config.model, get_policy(config.precision))
-    tx, schedule = build_optimizer(
-        config.optim, total_steps=t.steps, global_batch_size=t.batch_size
-    )
-    batch_sharding = logical_sharding(mesh, ("batch", "length"))
-    tokens = jax.ShapeDtypeStruct((t.batch_size, d.seq_len), jnp.int32, sharding=batch_sharding)
-    eval_tokens = jax.ShapeDtypeStruct((eval_batch, d.seq_len), jnp.int32, sharding=batch_sharding)
-
-    # State creation needs no mesh context (out_shardings place it); only tracing the steps does,
-    # for the activation constraints. Flax's scan evaluates constant parameter inits eagerly,
-    # where a mesh in scope would make it constrain concrete arrays.
-    abstract, shardings = state_shardings(model, tx, mesh, seed=config.seed, example_tokens=tokens)
     checkpointer = Checkpointer(
         run_dir / "checkpoints",
         every=t.checkpoint_every,
         keep=t.keep_checkpoints,
         async_save=t.async_checkpoint,
     )
-    train_iterator = make_iterator(datasets.train, config)
-    start = checkpointer.latest_step() or 0
-    if start:
-        state, data_state = checkpointer.restore(start, abstract)
-        train_iterator.set_state(data_state)
-    else:
-        state, _ = create_train_state(
-            model, tx, mesh, seed=config.seed, example_tokens=tokens, shardings=shardings
-        )
-    train_fn, eval_fn = jit_steps(
-        model=model,
-        tx=tx,
-        schedule=schedule,
-        state_shardings=shardings,
-        batch_sharding=batch_sharding,
-    )
-    compile_start = time.perf_counter()
-    with sharding_context(mesh):
-        train_step = train_fn.lower(abstract, {"inputs": tokens, "targets": tokens}).compile()
-        eval_step = eval_fn.lower(
-            abstract, {"inputs": eval_tokens, "targets": eval_tokens}
-        ).compile()
-    compile_s = time.perf_counter() - compile_start
+    with _closing(checkpointer):
+        train_iterator = make_iterator(parts.datasets.train, config)
+        start = checkpointer.latest_step() or 0
+        if start:
+            state, data_state = checkpointer.restore(start, parts.abstract_state)
+            train_iterator.set_state(data_state)
+        else:
+            # Created outside the mesh context: flax's scan evaluates constant parameter inits
+            # eagerly, and a mesh in scope would make it constrain concrete arrays.
+            state, _ = create_train_state(
+                parts.model,
+                parts.tx,
+                parts.mesh,
+                seed=config.seed,
+                example_tokens=parts.batch_spec(t.batch_size)["inputs"],
+                shardings=parts.state_shardings,
+            )
+        compile_start = time.perf_counter()
+        train_step = parts.lower_train_step().compile()
+        eval_step = parts.lower_eval_step().compile()
+        compile_s = time.perf_counter() - compile_start
 
-    writer = MetricsWriter(
-        run_dir, total_steps=t.steps, resume_step=start, enabled=primary, console=console
-    )
-    num_params = sum(x.size for x in jax.tree.leaves(abstract.params))
-    writer.info(
-        f"hopperjax: {num_params:,} params | mesh {dict(mesh.shape)} | "
-        f"{config.precision} | compiled in {compile_s:.1f}s | "
-        + (f"resumed at step {start}" if start else "fresh start")
-        + f" | {run_dir}"
-    )
+        writer = MetricsWriter(
+            run_dir, total_steps=t.steps, resume_step=start, enabled=primary, console=console
+        )
+        num_params = sum(x.size for x in jax.tree.leaves(parts.abstract_state.params))
+        writer.info(
+            f"hopperjax: {num_params:,} params | mesh {dict(parts.mesh.shape)} | "
+            f"{config.precision} | compiled in {compile_s:.1f}s | "
+            + (f"resumed at step {start}" if start else "fresh start")
+            + f" | {run_dir}"
+        )
+        batches = DevicePrefetcher(
+            train_iterator, parts.batch_sharding, config.data.device_prefetch
+        )
+        with _closing(batches, writer), _PreemptionFlag() as preemption:
+            state, history = _loop(
+                state,
+                start,
+                parts,
+                train_step,
+                eval_step,
+                batches,
+                checkpointer,
+                writer,
+                preemption,
+            )
+        checkpointer.wait()
+    return TrainResult(state=state, run_dir=run_dir, history=history)
+
+
+def _loop(
+    state: TrainState,
+    start: int,
+    parts: Components,
+    train_step: Any,
+    eval_step: Any,
+    batches: DevicePrefetcher,
+    checkpointer: Checkpointer,
+    writer: MetricsWriter,
+    preemption: _PreemptionFlag,
+) -> tuple[TrainState, list[dict[str, Any]]]:
+    """Steps from ``start`` to the end (or ``stop_after``, or SIGTERM); logs, evals, saves."""
+    config, t = parts.config, parts.config.train
     end = t.stop_after or t.steps
     if start >= end:
         writer.info(f"hopperjax: nothing to do, the run is at step {start} (end {end})")
+    tokens_per_step = t.batch_size * config.data.seq_len
     history: list[dict[str, Any]] = []
-    batches = DevicePrefetcher(train_iterator, batch_sharding, d.device_prefetch)
-    tokens_per_step = t.batch_size * d.seq_len
-    with _closing(batches, checkpointer, writer), _PreemptionFlag() as preemption:
-        window: list[dict[str, jax.Array]] = []
-        window_start = time.perf_counter()
-        for step in range(start, end):
-            state, metrics = train_step(state, next(batches))
-            window.append(metrics)
-            done = step + 1
-            if done % t.log_every == 0 or done == end or preemption.requested:
-                fetched = jax.device_get(window)  # The loop's one device sync per log window.
-                record = _summarize(
-                    fetched,
-                    step=step,
-                    tokens_per_step=tokens_per_step,
-                    seconds=time.perf_counter() - window_start,
-                    steps_left=end - done,
+    window: list[dict[str, jax.Array]] = []
+    window_start = time.perf_counter()
+    for step in range(start, end):
+        state, metrics = train_step(state, next(batches))
+        window.append(metrics)
+        done = step + 1
+        if done % t.log_every == 0 or done == end or preemption.requested:
+            fetched = jax.device_get(window)  # The loop's one device sync per log window.
+            record = _summarize(
+                fetched,
+                step=step,
+                tokens_per_step=tokens_per_step,
+                seconds=time.perf_counter() - window_start,
+                steps_left=end - done,
+            )
+            if not math.isfinite(record["loss"]):
+                raise FloatingPointError(
+                    f"loss is {record['loss']} in steps {step - len(window) + 1}-{step}; "
+                    f"the last checkpoint is step {checkpointer.latest_step()}"
                 )
-                if not math.isfinite(record["loss"]):
-                    raise FloatingPointError(
-                        f"loss is {record['loss']} in steps {step - len(window) + 1}-{step}; "
-                        f"the last checkpoint is step {checkpointer.latest_step()}"
-                    )
-                writer.write(record)
-                history.append(record)
-                window = []
-            if done % t.eval_every == 0 or done == t.steps:
-                record = {
-                    "step": done,
-                    **_evaluate(eval_step, state, config, datasets, batch_sharding),
-                }
-                writer.write(record)
-                history.append(record)
-            stopping = done == end or preemption.requested
-            checkpointer.save(done, state, batches.get_state(), force=stopping)
-            if stopping:
-                if preemption.requested:
-                    writer.info(f"hopperjax: SIGTERM: checkpointed step {done} and stopped")
-                break
-            if window == []:
-                window_start = time.perf_counter()
-        checkpointer.wait()
-    return TrainResult(state=state, run_dir=run_dir, history=history)
+            writer.write(record)
+            history.append(record)
+            window = []
+        if done % t.eval_every == 0 or done == t.steps:
+            record = {"step": done, **_evaluate(eval_step, state, parts)}
+            writer.write(record)
+            history.append(record)
+        stopping = done == end or preemption.requested
+        checkpointer.save(done, state, batches.get_state(), force=stopping)
+        if stopping:
+            if preemption.requested:
+                writer.info(f"hopperjax: SIGTERM: checkpointed step {done} and stopped")
+            break
+        if not window:  # Eval and checkpoint time stay out of the step time.
+            window_start = time.perf_counter()
+    return state, history

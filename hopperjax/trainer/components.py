@@ -1,0 +1,117 @@
+"""Everything a run is made of, built from its config before any step runs.
+
+The loop trains with these; compile-only tools (inspection, batch finders, benchmarks) lower the
+same jitted steps without running them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding
+
+from hopperjax.config import Config, ConfigError
+from hopperjax.data import Datasets, build_datasets
+from hopperjax.models import build_model
+from hopperjax.optim import build_optimizer
+from hopperjax.parallel import batch_axis_size, build_mesh, logical_sharding, sharding_context
+from hopperjax.precision import get_policy
+from hopperjax.trainer.state import TrainState, state_shardings
+from hopperjax.trainer.step import jit_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Components:
+    """Everything the loop drives, built from a config before any step runs.
+
+    Attributes:
+      abstract_state: the TrainState as ``jax.ShapeDtypeStruct`` leaves carrying their shardings.
+      state_shardings: the NamedSharding tree of the TrainState.
+      batch_sharding: layout of every [batch, length] input field.
+      train_step, eval_step: the jitted (not yet compiled) steps from ``jit_steps``.
+    """
+
+    config: Config
+    mesh: Mesh
+    model: nn.Module
+    tx: optax.GradientTransformation
+    datasets: Datasets
+    abstract_state: TrainState
+    state_shardings: Any
+    batch_sharding: NamedSharding
+    train_step: Any
+    eval_step: Any
+
+    def batch_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+        """Shape, dtype and sharding of one global batch of ``batch_size`` rows."""
+        tokens = jax.ShapeDtypeStruct(
+            (batch_size, self.config.data.seq_len), jnp.int32, sharding=self.batch_sharding
+        )
+        return {"inputs": tokens, "targets": tokens}
+
+    def lower_train_step(self) -> jax.stages.Lowered:
+        """The train step lowered for the configured batch (compile-only tools start here)."""
+        with sharding_context(self.mesh):
+            return self.train_step.lower(
+                self.abstract_state, self.batch_spec(self.config.train.batch_size)
+            )
+
+    def lower_eval_step(self) -> jax.stages.Lowered:
+        train = self.config.train
+        with sharding_context(self.mesh):
+            return self.eval_step.lower(
+                self.abstract_state, self.batch_spec(train.eval_batch_size or train.batch_size)
+            )
+
+
+def build_components(config: Config, *, devices: Sequence[jax.Device] | None = None) -> Components:
+    """Builds mesh, model, optimizer, datasets, shardings and jitted steps; runs nothing.
+
+    Raises:
+      ConfigError: a value that only turns out bad against the devices or the data.
+    """
+    t = config.train
+    mesh = build_mesh(config.mesh, devices)
+    ways = batch_axis_size(mesh)
+    eval_batch = t.eval_batch_size or t.batch_size
+    for key, size in (("train.batch_size", t.batch_size), ("train.eval_batch_size", eval_batch)):
+        if size % ways:
+            raise ConfigError(key, f"{size} is not divisible by the data*fsdp mesh axes ({ways})")
+    datasets = build_datasets(config)
+    if datasets.vocab_size > config.model.vocab_size:
+        raise ConfigError(
+            "model.vocab_size",
+            f"the data emits {datasets.vocab_size} token ids, got {config.model.vocab_size}",
+        )
+    model = build_model(config.model, get_policy(config.precision))
+    tx, schedule = build_optimizer(
+        config.optim, total_steps=t.steps, global_batch_size=t.batch_size
+    )
+    batch_sharding = logical_sharding(mesh, ("batch", "length"))
+    example = jax.ShapeDtypeStruct((t.batch_size, config.data.seq_len), jnp.int32)
+    abstract, shardings = state_shardings(model, tx, mesh, seed=config.seed, example_tokens=example)
+    train_step, eval_step = jit_steps(
+        model=model,
+        tx=tx,
+        schedule=schedule,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding,
+    )
+    return Components(
+        config=config,
+        mesh=mesh,
+        model=model,
+        tx=tx,
+        datasets=datasets,
+        abstract_state=abstract,
+        state_shardings=shardings,
+        batch_sharding=batch_sharding,
+        train_step=train_step,
+        eval_step=eval_step,
+    )
