@@ -74,7 +74,11 @@ def decay_mask(params: Any) -> Any:
 def build_optimizer(
     config: OptimConfig, *, total_steps: int, global_batch_size: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Returns the gradient transformation and the schedule it uses (the step logs the LR)."""
+    """Returns the gradient transformation and the schedule it uses (the step logs the LR).
+
+    ``lars`` multiplies each layer's update by optax's trust coefficient (1e-3) times the
+    weight/gradient norm ratio, so it needs a ``base_lr`` about 1000x that of AdamW.
+    """
     lr = build_schedule(config, total_steps=total_steps, global_batch_size=global_batch_size)
     wd = config.weight_decay
     if config.name == "adamw":

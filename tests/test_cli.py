@@ -55,3 +55,10 @@ def test_cli_trains_and_writes_the_run_dir(tmp_path):
     assert [r["step"] for r in records if "eval_loss" in r] == [2, 4]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) == ["4"]
     assert any((run_dir / "tb").glob("events.out.tfevents.*"))
+
+
+def test_cli_trains_with_grain_worker_processes(tmp_path):
+    """data.workers > 0 through the CLI, where nothing parses absl flags (google/grain#1355)."""
+    proc = run_cli(*TINY, "train.steps=2", "data.workers=1", f"run_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    assert "2/20" not in proc.stdout and "1/2" in proc.stdout

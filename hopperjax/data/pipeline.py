@@ -11,6 +11,7 @@ from typing import Any
 
 import grain
 import jax
+from absl import flags
 
 from hopperjax.config import Config, ConfigError
 from hopperjax.data import text
@@ -85,8 +86,11 @@ def build_datasets(
         .map(text.to_lm_example)
         .batch(train.batch_size // process_count, drop_remainder=True)
     )
+    # Whole global batches only, so every process runs the same number of eval steps (a process
+    # with one batch fewer would leave the others waiting in a collective).
+    eval_ds = grain.MapDataset.source(eval_windows)
     eval_ds = (
-        grain.MapDataset.source(eval_windows)[process_index::process_count]
+        eval_ds[: len(eval_ds) // eval_batch * eval_batch][process_index::process_count]
         .map(text.to_lm_example)
         .batch(eval_batch // process_count, drop_remainder=True)
     )
@@ -102,6 +106,11 @@ def make_iterator(dataset: grain.MapDataset, config: Config) -> grain.DatasetIte
     """An iterator over ``dataset``, with ``data.workers`` worker processes when > 0."""
     ds = dataset.to_iter_dataset()
     if config.data.workers > 0:
+        # Known compromise: grain 0.2.18's worker start-up reads an absl flag and raises unless
+        # absl has parsed the command line (google/grain#1355). We parse nothing with absl, so
+        # declaring its (empty) flags parsed is harmless; remove once a fixed grain is released.
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
         ds = ds.mp_prefetch(
             grain.MultiprocessingOptions(
                 num_workers=config.data.workers,

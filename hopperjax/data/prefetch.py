@@ -66,11 +66,13 @@ class DevicePrefetcher:
         return self
 
     def __next__(self) -> dict[str, jax.Array]:
+        if self._stop.is_set():
+            raise RuntimeError("DevicePrefetcher is closed")
         item = self._queue.get()
-        if item is _DONE:
-            self._queue.put(_DONE)
-            raise StopIteration
-        if isinstance(item, Exception):
+        if item is _DONE or isinstance(item, Exception):
+            self._queue.put(item)  # The producer has ended: later calls see the same outcome.
+            if item is _DONE:
+                raise StopIteration
             raise item
         batch, self._state = item
         return batch

@@ -1,8 +1,8 @@
 """Byte-level text sources: a local UTF-8 (or any) file, or the embedded hopperjax corpus.
 
-Tokens are bytes (vocabulary 256), so any file works without a tokenizer download. Examples are
-non-overlapping windows of ``seq_len + 1`` bytes; inputs are the first ``seq_len``, targets the
-last ``seq_len`` (next-byte prediction).
+Tokens are bytes (vocabulary 256), so any file works without a tokenizer download. Example ``i``
+is the ``seq_len + 1`` bytes starting at ``i * seq_len`` (neighbours share one byte, so every byte
+is a target once); inputs are its first ``seq_len`` bytes, targets its last ``seq_len``.
 """
 
 from __future__ import annotations
