@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from hopperjax.parallel import LOGICAL_AXIS_RULES
 
@@ -63,11 +63,6 @@ def state_shardings(
     boxed = jax.eval_shape(lambda: _init_boxed(model, tx, seed, example_tokens))
     logical_specs = nn.get_partition_spec(boxed)
     shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
-    shardings = jax.tree.map(
-        lambda s: NamedSharding(mesh, PartitionSpec()) if s is None else s,
-        shardings,
-        is_leaf=lambda x: x is None or isinstance(x, NamedSharding),
-    )
     abstract = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
         nn.meta.unbox(boxed),
