@@ -107,6 +107,22 @@ class MeshConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProfileConfig:
+    """A jax.profiler trace of steps [start_step, start_step + num_steps) into run_dir/profile."""
+
+    start_step: int = 10
+    num_steps: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorConfig:
+    """Hardware telemetry logged with the metrics (GPU: NVML; silent where unavailable)."""
+
+    gpu: bool = True
+    interval_s: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     name: str = "run"
     run_dir: str | None = None
@@ -117,6 +133,8 @@ class Config:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    profile: ProfileConfig = dataclasses.field(default_factory=ProfileConfig)
+    monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
 
     @property
     def run_path(self) -> Path:
@@ -348,6 +366,10 @@ def validate(config: Config) -> None:
         raise ConfigError("optim.min_lr_ratio", f"expected a ratio in [0, 1], got {o.min_lr_ratio}")
     if o.weight_decay < 0:
         raise ConfigError("optim.weight_decay", f"expected >= 0, got {o.weight_decay}")
+
+    if config.profile.start_step < 0 or config.profile.num_steps < 0:
+        raise ConfigError("profile", "start_step and num_steps must be >= 0")
+    _positive("monitor.interval_s", config.monitor.interval_s)
 
     sizes = dataclasses.asdict(config.mesh)
     if sum(1 for v in sizes.values() if v == -1) > 1:

@@ -21,16 +21,36 @@ BATCH = 16  # tiny_config's train.batch_size
 def _corpus_bytes(size: int = 20_000) -> bytes:
     """~20 KB of varied, deterministic English-like text; numbered so that windows are unique."""
     rng = random.Random(1234)
-    subjects = ["The mesh", "A shard", "Every token", "The optimizer", "One batch", "The kernel",
-                "A worker", "The schedule", "Each layer", "The prefetcher"]
+    subjects = [
+        "The mesh",
+        "A shard",
+        "Every token",
+        "The optimizer",
+        "One batch",
+        "The kernel",
+        "A worker",
+        "The schedule",
+        "Each layer",
+        "The prefetcher",
+    ]
     verbs = ["splits", "carries", "reads", "updates", "rotates", "scales", "gathers", "holds"]
-    objects = ["the logits", "a window of bytes", "its gradient", "the learning rate",
-               "every device", "the embedding", "a checkpoint", "eight heads"]
+    objects = [
+        "the logits",
+        "a window of bytes",
+        "its gradient",
+        "the learning rate",
+        "every device",
+        "the embedding",
+        "a checkpoint",
+        "eight heads",
+    ]
     lines, i = [], 0
     while sum(len(s) for s in lines) < size:
         # Numbers between the phrases keep every window of 33 bytes distinct.
-        lines.append(f"{i}. {rng.choice(subjects)} ({rng.randint(0, 999)}) {rng.choice(verbs)} "
-                     f"{rng.choice(objects)} at step {rng.randint(0, 99999)}.\n")
+        lines.append(
+            f"{i}. {rng.choice(subjects)} ({rng.randint(0, 999)}) {rng.choice(verbs)} "
+            f"{rng.choice(objects)} at step {rng.randint(0, 99999)}.\n"
+        )
         i += 1
     return "".join(lines).encode()[:size]
 
@@ -45,15 +65,16 @@ def corpus_file(tmp_path):
 @pytest.fixture
 def text_config(tiny_config, corpus_file):
     """``text_config(*overrides)``: the tiny config reading ``corpus_file``."""
-    return lambda *overrides: tiny_config("data.source=text", f"data.path={corpus_file}",
-                                          *overrides)
+    return lambda *overrides: tiny_config(
+        "data.source=text", f"data.path={corpus_file}", *overrides
+    )
 
 
 def _train_windows(data: bytes, eval_fraction: float = 0.1) -> list[bytes]:
     """Every training window of ``data``, computed independently of ByteWindows."""
     split = int(len(data) * (1.0 - eval_fraction))
     count = (split - 1) // SEQ_LEN
-    return [data[i * SEQ_LEN: i * SEQ_LEN + SEQ_LEN + 1] for i in range(count)]
+    return [data[i * SEQ_LEN : i * SEQ_LEN + SEQ_LEN + 1] for i in range(count)]
 
 
 def _rows(batch: dict[str, np.ndarray]) -> list[bytes]:
@@ -179,7 +200,7 @@ def test_eval_split_is_held_out(text_config, corpus_file):
     eval_rows = [row for k in range(len(ds.eval)) for row in _rows(ds.eval[k])]
     assert len(ds.eval) >= 1 and len(eval_rows) == len(ds.eval) * BATCH
     assert not set(_train_windows(data)) & set(eval_rows)
-    tail = data[int(len(data) * 0.9):]
+    tail = data[int(len(data) * 0.9) :]
     assert all(row in tail for row in eval_rows)
 
 

@@ -43,8 +43,9 @@ def _abstract_init(config: ModelConfig, precision: str = "fp32"):
 
 
 def _tokens(config: ModelConfig, seed: int = 1) -> jax.Array:
-    return jax.random.randint(jax.random.key(seed), (BATCH, LENGTH), 0, config.vocab_size,
-                              dtype=jnp.int32)
+    return jax.random.randint(
+        jax.random.key(seed), (BATCH, LENGTH), 0, config.vocab_size, dtype=jnp.int32
+    )
 
 
 def _is_box(x) -> bool:
@@ -71,8 +72,10 @@ def test_logits_shape_and_dtype(precision):
     assert logits.shape == (BATCH, LENGTH, TINY.vocab_size)
     assert logits.dtype == jnp.float32
     assert bool(jnp.all(jnp.isfinite(logits)))
-    dtypes = {_path_str(p): x.dtype
-              for p, x in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(variables))}
+    dtypes = {
+        _path_str(p): x.dtype
+        for p, x in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(variables))
+    }
     assert len(dtypes) == 8 and all(d == jnp.float32 for d in dtypes.values()), dtypes
 
 
@@ -99,8 +102,13 @@ def test_causality(positions):
     for t in (0, 3, LENGTH - 1):
         changed = tokens.at[:, t].set((tokens[:, t] + 1) % config.vocab_size)
         after = apply(variables, changed)
-        np.testing.assert_allclose(after[:, :t], before[:, :t], atol=1e-6, rtol=0,
-                                   err_msg=f"changing token {t} changed earlier logits")
+        np.testing.assert_allclose(
+            after[:, :t],
+            before[:, :t],
+            atol=1e-6,
+            rtol=0,
+            err_msg=f"changing token {t} changed earlier logits",
+        )
         # The change must show from position t on, or the comparison above proves nothing.
         assert float(jnp.max(jnp.abs(after[:, t:] - before[:, t:]))) > 1e-4, t
 
@@ -136,8 +144,9 @@ def test_scanned_block_params_have_leading_layers_axis():
         assert box.value.shape[0] == config.n_layers, _path_str(path)
     # Params outside the scan have no layers axis.
     for name in ("token_embed", "final_norm"):
-        for path, box in jax.tree_util.tree_leaves_with_path(variables["params"][name],
-                                                            is_leaf=_is_box):
+        for path, box in jax.tree_util.tree_leaves_with_path(
+            variables["params"][name], is_leaf=_is_box
+        ):
             assert "layers" not in box.names, (name, _path_str(path))
 
 
@@ -151,17 +160,21 @@ def _expected_param_count(c: ModelConfig) -> int:
     mlp_in_out = 2 if c.mlp == "swiglu" else 1  # swiglu's mlp_in emits gate and up together
     norm = d + (d if c.use_bias else 0)  # LayerNorm scale (+ bias)
     per_layer = (
-        2 * norm                                         # attn_norm, mlp_norm
-        + d * 3 * d + (3 * d if c.use_bias else 0)       # qkv
-        + d * d + (d if c.use_bias else 0)               # attn_out
-        + d * mlp_in_out * mlp + (mlp_in_out * mlp if c.use_bias else 0)  # mlp_in
-        + mlp * d + (d if c.use_bias else 0)             # mlp_out
+        2 * norm  # attn_norm, mlp_norm
+        + d * 3 * d
+        + (3 * d if c.use_bias else 0)  # qkv
+        + d * d
+        + (d if c.use_bias else 0)  # attn_out
+        + d * mlp_in_out * mlp
+        + (mlp_in_out * mlp if c.use_bias else 0)  # mlp_in
+        + mlp * d
+        + (d if c.use_bias else 0)  # mlp_out
     )
-    total = v * d + c.n_layers * per_layer + norm        # token_embed, blocks, final_norm
+    total = v * d + c.n_layers * per_layer + norm  # token_embed, blocks, final_norm
     if c.positions == "learned":
         total += c.max_len * d
     if not c.tie_embeddings:
-        total += d * v                                   # lm_head, never biased
+        total += d * v  # lm_head, never biased
     return total
 
 
@@ -175,14 +188,18 @@ def test_param_count_default_formula():
     assert _expected_param_count(c) == expected
 
 
-@pytest.mark.parametrize("overrides", [
-    {"positions": "learned"},
-    {"tie_embeddings": False},
-    {"mlp": "swiglu"},
-    {"mlp_dim": 24},
-    {"use_bias": True},
-    {"positions": "learned", "tie_embeddings": False, "mlp": "swiglu", "mlp_dim": 40},
-], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"positions": "learned"},
+        {"tie_embeddings": False},
+        {"mlp": "swiglu"},
+        {"mlp_dim": 24},
+        {"use_bias": True},
+        {"positions": "learned", "tie_embeddings": False, "mlp": "swiglu", "mlp_dim": 40},
+    ],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
+)
 def test_param_count_variants(overrides):
     """Learned positions add max_len*d, an untied head d*V, swiglu another d*mlp per layer."""
     config = dataclasses.replace(TINY, **overrides)
@@ -210,7 +227,8 @@ def _quickstart_logical_specs() -> dict[str, list[str | None]]:
     abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens))  # no real init
     specs = nn.get_partition_spec(abstract)
     flat = jax.tree_util.tree_leaves_with_path(
-        specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+        specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
+    )
     return {_path_str(path): list(spec) for path, spec in flat}
 
 
@@ -232,11 +250,20 @@ def test_quickstart_partition_specs_match_golden():
         pytest.skip(f"rewrote {GOLDEN_SPECS}")
     golden = json.loads(GOLDEN_SPECS.read_text())
     if actual != golden:
-        diff = "\n".join(difflib.unified_diff(
-            _format_specs(golden).splitlines(), _format_specs(actual).splitlines(),
-            fromfile=f"golden ({GOLDEN_SPECS.name})", tofile="current model", lineterm=""))
-        pytest.fail("quickstart partition specs changed (HOPPERJAX_UPDATE_GOLDEN=1 accepts "
-                    "the current ones):\n" + diff, pytrace=False)
+        diff = "\n".join(
+            difflib.unified_diff(
+                _format_specs(golden).splitlines(),
+                _format_specs(actual).splitlines(),
+                fromfile=f"golden ({GOLDEN_SPECS.name})",
+                tofile="current model",
+                lineterm="",
+            )
+        )
+        pytest.fail(
+            "quickstart partition specs changed (HOPPERJAX_UPDATE_GOLDEN=1 accepts "
+            "the current ones):\n" + diff,
+            pytrace=False,
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,8 +280,9 @@ def test_rope_preserves_norms():
     positions = jnp.arange(x.shape[1]) * 7  # includes large angles
     y = layers.rope(x, positions, theta=10000.0)
     assert y.shape == x.shape and y.dtype == x.dtype
-    np.testing.assert_allclose(jnp.linalg.norm(y, axis=-1), jnp.linalg.norm(x, axis=-1),
-                               rtol=1e-5, atol=0)
+    np.testing.assert_allclose(
+        jnp.linalg.norm(y, axis=-1), jnp.linalg.norm(x, axis=-1), rtol=1e-5, atol=0
+    )
     assert float(jnp.max(jnp.abs(y[:, 1:] - x[:, 1:]))) > 1e-2
 
 
@@ -281,11 +309,14 @@ def test_rope_dot_products_depend_only_on_relative_position():
     assert abs(score(5, 2) - score(5, 4)) > 1e-3
 
 
-@pytest.mark.parametrize("features,axes,in_shape,equation", [
-    ((24,), ("embed", "mlp"), (2, 5, 16), "btd,df->btf"),
-    ((3, 2, 8), ("embed", None, "heads", "kv"), (2, 5, 16), "btd,dshk->btshk"),
-    ((16,), ("heads", "kv", "embed"), (2, 5, 2, 8), "bthk,hkd->btd"),
-])
+@pytest.mark.parametrize(
+    "features,axes,in_shape,equation",
+    [
+        ((24,), ("embed", "mlp"), (2, 5, 16), "btd,df->btf"),
+        ((3, 2, 8), ("embed", None, "heads", "kv"), (2, 5, 16), "btd,dshk->btshk"),
+        ((16,), ("heads", "kv", "embed"), (2, 5, 2, 8), "bthk,hkd->btd"),
+    ],
+)
 @pytest.mark.parametrize("use_bias", [False, True])
 def test_dense_matches_einsum(features, axes, in_shape, equation, use_bias):
     """``layers.Dense`` equals ``jnp.einsum`` with its kernel (+ bias) within atol 1e-6."""

@@ -23,13 +23,16 @@ RTOL = 1e-6  # schedules are evaluated in float32
 # Peak learning rate
 
 
-@pytest.mark.parametrize("scaling,batch,expected", [
-    ("linear", 128, 0.004),
-    ("linear", 16, 0.0005),
-    ("sqrt", 128, 0.001 * 2.0),
-    ("sqrt", 8, 0.001 * 0.5),
-    ("none", 128, 0.001),
-])
+@pytest.mark.parametrize(
+    "scaling,batch,expected",
+    [
+        ("linear", 128, 0.004),
+        ("linear", 16, 0.0005),
+        ("sqrt", 128, 0.001 * 2.0),
+        ("sqrt", 8, 0.001 * 0.5),
+        ("none", 128, 0.001),
+    ],
+)
 def test_peak_learning_rate_scaling(scaling, batch, expected):
     config = OptimConfig(base_lr=1e-3, base_batch_size=32, lr_scaling=scaling)
     assert peak_learning_rate(config, batch) == pytest.approx(expected, rel=1e-12)
@@ -62,8 +65,14 @@ def _lrs(config: OptimConfig, total_steps: int, batch: int = 32) -> np.ndarray:
 @pytest.mark.parametrize("kind", ["cosine", "linear", "constant"])
 def test_warmup(kind):
     """lr(s) = peak * (s + 1) / (w + 1) for s < w, and lr(w) == peak, whatever the decay."""
-    config = OptimConfig(base_lr=1e-3, base_batch_size=16, lr_scaling="linear", warmup_steps=5,
-                         schedule=kind, min_lr_ratio=0.1)
+    config = OptimConfig(
+        base_lr=1e-3,
+        base_batch_size=16,
+        lr_scaling="linear",
+        warmup_steps=5,
+        schedule=kind,
+        min_lr_ratio=0.1,
+    )
     peak = 2e-3  # batch 32 / base 16
     lrs = _lrs(config, total_steps=30)
     for s in range(5):
@@ -124,17 +133,23 @@ def _tiny_gpt_params(**overrides) -> dict:
     return nn.meta.unbox(boxed)["params"]
 
 
-@pytest.mark.parametrize("overrides", [
-    {},
-    {"positions": "learned", "tie_embeddings": False, "use_bias": True, "mlp": "swiglu"},
-], ids=["default", "learned-untied-bias-swiglu"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"positions": "learned", "tie_embeddings": False, "use_bias": True, "mlp": "swiglu"},
+    ],
+    ids=["default", "learned-untied-bias-swiglu"],
+)
 def test_decay_mask_on_gpt_params(overrides):
     """Kernels and embeddings decay; norm scales (2-D under the scan) and biases do not."""
     params = _tiny_gpt_params(**overrides)
     mask = decay_mask(params)
     assert jax.tree.structure(mask) == jax.tree.structure(params)
-    flat = {"/".join(p.key for p in path): value
-            for path, value in jax.tree_util.tree_leaves_with_path(mask)}
+    flat = {
+        "/".join(p.key for p in path): value
+        for path, value in jax.tree_util.tree_leaves_with_path(mask)
+    }
     assert len(flat) == len(jax.tree.leaves(params))
     seen = set()
     for name, value in flat.items():
@@ -172,8 +187,14 @@ BASE_LR = {"adamw": 0.05, "sgd": 0.05, "lamb": 0.05, "lars": 20.0}
 @pytest.mark.parametrize("name", ["adamw", "sgd", "lamb", "lars"])
 def test_optimizer_decreases_quadratic_loss(name):
     """50 updates cut a quadratic loss at least 4x (weight decay and clipping switched on)."""
-    config = OptimConfig(name=name, base_lr=BASE_LR[name], schedule="constant", warmup_steps=0,
-                         weight_decay=0.01, clip_norm=1.0)
+    config = OptimConfig(
+        name=name,
+        base_lr=BASE_LR[name],
+        schedule="constant",
+        warmup_steps=0,
+        weight_decay=0.01,
+        clip_norm=1.0,
+    )
     tx, _ = build_optimizer(config, total_steps=50, global_batch_size=32)
     # Start away from zero: LARS and LAMB steps are proportional to ||w||.
     params = {"w": {"kernel": jnp.full((4, 3), 0.1)}}
@@ -197,8 +218,15 @@ def test_optimizer_decreases_quadratic_loss(name):
 def test_clip_norm_bounds_the_first_update(clip_norm):
     """SGD without decay: first update = -lr * clipped grad, so ||update|| / lr <= clip_norm."""
     lr = 0.1
-    config = OptimConfig(name="sgd", base_lr=lr, schedule="constant", warmup_steps=0,
-                         weight_decay=0.0, momentum=0.9, clip_norm=clip_norm)
+    config = OptimConfig(
+        name="sgd",
+        base_lr=lr,
+        schedule="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        momentum=0.9,
+        clip_norm=clip_norm,
+    )
     tx, _ = build_optimizer(config, total_steps=10, global_batch_size=32)
     params = {"w": {"kernel": jnp.zeros((4, 3))}}
     grads = {"w": {"kernel": jnp.full((4, 3), 10.0)}}  # global norm sqrt(12) * 10 ~ 34.6
@@ -216,8 +244,9 @@ def test_clip_norm_bounds_the_first_update(clip_norm):
 
 
 def test_clip_norm_leaves_small_gradients_alone():
-    config = OptimConfig(name="sgd", base_lr=1.0, schedule="constant", weight_decay=0.0,
-                         clip_norm=100.0)
+    config = OptimConfig(
+        name="sgd", base_lr=1.0, schedule="constant", weight_decay=0.0, clip_norm=100.0
+    )
     tx, _ = build_optimizer(config, total_steps=10, global_batch_size=32)
     params = {"w": {"kernel": jnp.zeros((2, 2))}}
     grads = {"w": {"kernel": jnp.array([[1.0, -2.0], [3.0, 0.5]])}}
@@ -228,8 +257,9 @@ def test_clip_norm_leaves_small_gradients_alone():
 @pytest.mark.parametrize("name", ["adamw", "sgd", "lamb", "lars"])
 def test_weight_decay_follows_the_mask(name):
     """With zero gradients only masked-in leaves (kernels) move; norm scales stay put."""
-    config = OptimConfig(name=name, base_lr=0.1, schedule="constant", weight_decay=0.5,
-                         clip_norm=None)
+    config = OptimConfig(
+        name=name, base_lr=0.1, schedule="constant", weight_decay=0.5, clip_norm=None
+    )
     tx, _ = build_optimizer(config, total_steps=10, global_batch_size=32)
     params = {"w": {"kernel": jnp.ones((3, 3))}, "n": {"scale": jnp.ones((2, 3))}}
     grads = jax.tree.map(jnp.zeros_like, params)

@@ -29,8 +29,9 @@ def test_bf16_forward_matches_fp32_within_bf16_rounding(tiny_config):
 
 
 def test_bf16_run_trains_with_fp32_state(tiny_config):
-    result = hopperjax.train(tiny_config("precision=bf16", "train.steps=10",
-                                         "train.eval_every=10"), console=False)
+    result = hopperjax.train(
+        tiny_config("precision=bf16", "train.steps=10", "train.eval_every=10"), console=False
+    )
     losses = [r["loss"] for r in result.history if "loss" in r]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
     state_leaves = jax.tree.leaves((result.state.params, result.state.opt_state))

@@ -155,4 +155,5 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     Returns:
       [batch, length, heads, head_dim]
     """
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    with jax.named_scope("attention"):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True)

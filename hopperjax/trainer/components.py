@@ -7,6 +7,7 @@ same jitted steps without running them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from hopperjax.config import Config, ConfigError
 from hopperjax.data import Datasets, build_datasets
 from hopperjax.models import build_model
+from hopperjax.observe import flops
 from hopperjax.optim import build_optimizer
 from hopperjax.parallel import batch_axis_size, build_mesh, logical_sharding, sharding_context
 from hopperjax.precision import get_policy
@@ -54,6 +56,32 @@ class Components:
             (batch_size, self.config.data.seq_len), jnp.int32, sharding=self.batch_sharding
         )
         return {"inputs": tokens, "targets": tokens}
+
+    @property
+    def model_flops_per_step(self) -> int:
+        t = self.config.train
+        return flops.gpt_train_flops_per_step(
+            self.config.model, batch_size=t.batch_size, seq_len=self.config.data.seq_len
+        )
+
+    @functools.cached_property
+    def _peak(self) -> tuple[float, str]:
+        # JAX's default matmul precision lets XLA use TF32 for fp32 matmuls on NVIDIA GPUs.
+        dtype = {"fp32": "tf32", "bf16": "bf16"}[self.config.precision]
+        return flops.peak_tflops(self.mesh.devices.flat[0], dtype)
+
+    @property
+    def peak_source(self) -> str:
+        return self._peak[1]
+
+    def throughput(self) -> flops.Throughput:
+        t = self.config.train
+        return flops.Throughput(
+            tokens_per_step=t.batch_size * self.config.data.seq_len,
+            model_flops_per_step=self.model_flops_per_step,
+            num_devices=self.mesh.size,
+            peak_tflops_per_device=self._peak[0],
+        )
 
     def lower_train_step(self) -> jax.stages.Lowered:
         """The train step lowered for the configured batch (compile-only tools start here)."""

@@ -27,6 +27,9 @@ from hopperjax.checkpoint import Checkpointer
 from hopperjax.config import Config, ConfigError
 from hopperjax.data import DevicePrefetcher, make_iterator
 from hopperjax.observe import MetricsWriter
+from hopperjax.observe.flops import Throughput
+from hopperjax.observe.gpu import GpuMonitor, device_memory_stats
+from hopperjax.observe.profile import ProfileWindow, step_annotation
 from hopperjax.trainer.components import Components, build_components
 from hopperjax.trainer.state import TrainState, create_train_state
 
@@ -110,7 +113,7 @@ def _summarize(
     *,
     step: int,
     seconds: float,
-    tokens_per_step: int,
+    throughput: Throughput,
     steps_left: int,
 ) -> dict[str, Any]:
     """Reduces a log window's fetched metrics: means, except the LR at the window's end."""
@@ -120,7 +123,7 @@ def _summarize(
         record[key] = values[-1] if key == "lr" else float(np.mean(values))
     step_time = seconds / len(fetched)
     record["step_time_s"] = step_time
-    record["tokens_per_s"] = tokens_per_step / step_time
+    record.update(throughput.rates(step_time))
     record["eta_s"] = steps_left * step_time
     return record
 
@@ -156,6 +159,18 @@ def _closing(*closables: Any) -> Iterator[None]:
     finally:
         for c in closables:
             c.close()
+
+
+@dataclasses.dataclass
+class _SideEffects:
+    """What the loop talks to besides the compiled steps."""
+
+    writer: MetricsWriter
+    checkpointer: Checkpointer
+    batches: DevicePrefetcher
+    preemption: _PreemptionFlag
+    profiler: ProfileWindow
+    monitor: GpuMonitor | None
 
 
 def train(
@@ -211,28 +226,40 @@ def train(
         writer = MetricsWriter(
             run_dir, total_steps=t.steps, resume_step=start, enabled=primary, console=console
         )
+        throughput = parts.throughput()
         num_params = sum(x.size for x in jax.tree.leaves(parts.abstract_state.params))
         writer.info(
             f"hopperjax: {num_params:,} params | mesh {dict(parts.mesh.shape)} | "
             f"{config.precision} | compiled in {compile_s:.1f}s | "
+            f"peak {throughput.peak_tflops_per_device:.3g} TFLOP/s/device "
+            f"({parts.peak_source}) | "
             + (f"resumed at step {start}" if start else "fresh start")
             + f" | {run_dir}"
         )
-        batches = DevicePrefetcher(
-            train_iterator, parts.batch_sharding, config.data.device_prefetch
+        effects = _SideEffects(
+            writer=writer,
+            checkpointer=checkpointer,
+            batches=DevicePrefetcher(
+                train_iterator, parts.batch_sharding, config.data.device_prefetch
+            ),
+            preemption=_PreemptionFlag(),
+            profiler=ProfileWindow(
+                run_dir / "profile",
+                start_step=config.profile.start_step,
+                num_steps=config.profile.num_steps,
+                enabled=config.profile.num_steps > 0,
+            ),
+            # On CPU there is nothing to sample; on a GPU without NVML the monitor says so once.
+            monitor=GpuMonitor(config.monitor.interval_s, log=writer.info)
+            if config.monitor.gpu and jax.default_backend() == "gpu"
+            else None,
         )
-        with _closing(batches, writer), _PreemptionFlag() as preemption:
-            state, history = _loop(
-                state,
-                start,
-                parts,
-                train_step,
-                eval_step,
-                batches,
-                checkpointer,
-                writer,
-                preemption,
-            )
+        if effects.monitor is not None:
+            effects.monitor.start()
+        closables = [effects.batches, writer, effects.profiler]
+        closables += [effects.monitor] if effects.monitor is not None else []
+        with _closing(*closables), effects.preemption:
+            state, history = _loop(state, start, parts, train_step, eval_step, throughput, effects)
         checkpointer.wait()
     return TrainResult(state=state, run_dir=run_dir, history=history)
 
@@ -243,50 +270,56 @@ def _loop(
     parts: Components,
     train_step: Any,
     eval_step: Any,
-    batches: DevicePrefetcher,
-    checkpointer: Checkpointer,
-    writer: MetricsWriter,
-    preemption: _PreemptionFlag,
+    throughput: Throughput,
+    fx: _SideEffects,
 ) -> tuple[TrainState, list[dict[str, Any]]]:
     """Steps from ``start`` to the end (or ``stop_after``, or SIGTERM); logs, evals, saves."""
-    config, t = parts.config, parts.config.train
+    t = parts.config.train
     end = t.stop_after or t.steps
     if start >= end:
-        writer.info(f"hopperjax: nothing to do, the run is at step {start} (end {end})")
-    tokens_per_step = t.batch_size * config.data.seq_len
+        fx.writer.info(f"hopperjax: nothing to do, the run is at step {start} (end {end})")
     history: list[dict[str, Any]] = []
     window: list[dict[str, jax.Array]] = []
     window_start = time.perf_counter()
     for step in range(start, end):
-        state, metrics = train_step(state, next(batches))
+        fx.profiler.before_step(step)
+        with step_annotation(step):
+            state, metrics = train_step(state, next(fx.batches))
+        fx.profiler.after_step(step, metrics)
         window.append(metrics)
         done = step + 1
-        if done % t.log_every == 0 or done == end or preemption.requested:
+        if done % t.log_every == 0 or done == end or fx.preemption.requested:
             fetched = jax.device_get(window)  # The loop's one device sync per log window.
             record = _summarize(
                 fetched,
                 step=step,
-                tokens_per_step=tokens_per_step,
+                throughput=throughput,
                 seconds=time.perf_counter() - window_start,
                 steps_left=end - done,
             )
             if not math.isfinite(record["loss"]):
                 raise FloatingPointError(
                     f"loss is {record['loss']} in steps {step - len(window) + 1}-{step}; "
-                    f"the last checkpoint is step {checkpointer.latest_step()}"
+                    f"the last checkpoint is step {fx.checkpointer.latest_step()}"
                 )
-            writer.write(record)
+            in_window = range(step - len(window) + 1, step + 1)
+            if fx.profiler.active or fx.profiler.last_step in in_window:
+                record["profiled"] = 1  # Tracing overhead is inside this window's step time.
+            if fx.monitor is not None:
+                record.update(fx.monitor.snapshot())
+            record.update(device_memory_stats())
+            fx.writer.write(record)
             history.append(record)
             window = []
         if done % t.eval_every == 0 or done == t.steps:
             record = {"step": done, **_evaluate(eval_step, state, parts)}
-            writer.write(record)
+            fx.writer.write(record)
             history.append(record)
-        stopping = done == end or preemption.requested
-        checkpointer.save(done, state, batches.get_state(), force=stopping)
+        stopping = done == end or fx.preemption.requested
+        fx.checkpointer.save(done, state, fx.batches.get_state(), force=stopping)
         if stopping:
-            if preemption.requested:
-                writer.info(f"hopperjax: SIGTERM: checkpointed step {done} and stopped")
+            if fx.preemption.requested:
+                fx.writer.info(f"hopperjax: SIGTERM: checkpointed step {done} and stopped")
             break
         if not window:  # Eval and checkpoint time stay out of the step time.
             window_start = time.perf_counter()

@@ -1,0 +1,277 @@
+"""Compile-only inspection of the train step.
+
+    python -m hopperjax.inspect --config FILE [key=value ...] [--hlo PATH] [--format table]
+
+
+Lowers and compiles the step for the configured mesh without running it and prints one JSON
+object: parameters, per-device memory (XLA memory analysis), FLOPs (from the GEMMs of the
+optimized HLO, counted per loop trip, and XLA's own cost analysis), every GEMM with its sizes,
+dtypes, layer, role and alignment, every collective with its bytes and group size, and advice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from hopperjax.config import Config, ConfigError, load_config
+from hopperjax.observe import hlo as hlo_lib
+
+# Tensor Cores want every GEMM dim a multiple of this many elements (NVIDIA's guidance).
+ALIGNMENT = {"f8e4m3fn": 16, "f8e5m2": 16, "bf16": 8, "f16": 8, "f32": 4}
+NUM_SMS = 132  # H100 SXM / H200
+TILES = ((128, 128), (128, 256))
+# Wrappers JAX adds to op names; stripped to leave the model's own module path.
+_WRAPPERS = re.compile(
+    r"^(jit|jvp|transpose|vmap|remat|checkpoint|pjit|closed_call|while|body|"
+    r"cond|branch|shard_map|custom_jvp_call|custom_vjp_call)\b"
+)
+
+
+def layer_of(op_name: str) -> str:
+    """'jit(train_step)/transpose(jvp(GPT))/while/body/closed_call/blocks/mlp_in/dot_general'
+    -> 'blocks/mlp_in'."""
+    parts = [p for p in op_name.split("/")[:-1] if not _WRAPPERS.match(p)]
+    return "/".join(parts) or op_name
+
+
+def gemm_role(gemm: hlo_lib.Gemm, local_tokens: int | None) -> str:
+    """forward / act_grad / weight_grad, told from the autodiff op name and what is contracted.
+
+    A weight gradient contracts over the tokens (x^T @ dy); an activation gradient keeps them.
+    """
+    if "transpose(" not in gemm.op_name:
+        return "forward"
+    if local_tokens and gemm.batch == 1 and gemm.k % local_tokens == 0:
+        return "weight_grad"
+    return "act_grad"
+
+
+def _largest_pow2_divisor(x: int, cap: int = 128) -> int:
+    d = 1
+    while d < cap and x % (2 * d) == 0:
+        d *= 2
+    return d
+
+
+def tile_efficiency(m: int, n: int, batch: int, tile: tuple[int, int]) -> float:
+    """Useful fraction of the work of a GEMM split into output tiles run in waves over 132 SMs.
+
+    Tile quantization: partial tiles at the edges compute padding. Wave quantization: the last
+    wave of tiles leaves SMs idle.
+    """
+    tm, tn = tile
+    tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+    waves = math.ceil(tiles / NUM_SMS)
+    return (batch * m * n) / (waves * NUM_SMS * tm * tn)
+
+
+def gemm_entry(gemm: hlo_lib.Gemm, local_tokens: int | None) -> dict[str, Any]:
+    need = ALIGNMENT.get(gemm.lhs_dtype, 8)
+    dims = {"m": gemm.m, "n": gemm.n, "k": gemm.k}
+    findings = [
+        f"{d}={v} is not a multiple of {need} ({gemm.lhs_dtype})"
+        for d, v in dims.items()
+        if v % need
+    ]
+    return {
+        "layer": layer_of(gemm.op_name),
+        "role": gemm_role(gemm, local_tokens),
+        "m": gemm.m, "n": gemm.n, "k": gemm.k, "batch": gemm.batch,
+        "dtypes": [gemm.lhs_dtype, gemm.rhs_dtype, gemm.out_dtype],
+        "count": gemm.count,
+        "flops": gemm.flops,
+        "alignment": {d: _largest_pow2_divisor(v) for d, v in dims.items()},
+        "findings": findings,
+        "efficiency_132sm": {f"{t[0]}x{t[1]}": round(tile_efficiency(gemm.m, gemm.n, gemm.batch, t),
+                                                      3) for t in TILES},
+        "hlo": gemm.name,
+    }  # fmt: skip
+
+
+def advise(gemms: list[dict[str, Any]], *, vocab_size: int | None = None) -> list[str]:
+    """Concrete, checkable suggestions from the GEMM list."""
+    advice = []
+    if vocab_size is not None and vocab_size % 128:
+        padded = -(-vocab_size // 128) * 128
+        advice.append(
+            f"pad model.vocab_size {vocab_size} -> {padded} (multiple of 128): the "
+            f"logits GEMM then tiles exactly"
+        )
+    total = sum(g["flops"] for g in gemms) or 1
+    seen = set()
+    for g in sorted(gemms, key=lambda g: -g["flops"]):
+        need = ALIGNMENT.get(g["dtypes"][0], 8)
+        for dim in ("m", "n", "k"):
+            value = g[dim]
+            if value % need == 0 or (g["layer"], value) in seen:
+                continue
+            seen.add((g["layer"], value))
+            padded = -(-value // need) * need
+            advice.append(
+                f"{g['layer']}: {dim}={value} ({g['role']} GEMM {g['m']}x{g['n']}x"
+                f"{g['k']}, {g['dtypes'][0]}) is not a multiple of {need}; pad it to "
+                f"{padded} so Tensor Cores run at full rate"
+            )
+        best = max(g["efficiency_132sm"].values())
+        if g["flops"] / total > 0.05 and best < 0.75 and ("eff", g["layer"]) not in seen:
+            seen.add(("eff", g["layer"]))
+            advice.append(
+                f"{g['layer']}: {g['role']} GEMM {g['m']}x{g['n']}x{g['k']} fills only "
+                f"{best:.0%} of 132 SMs in whole tiles and waves; larger or "
+                f"128-multiple m/n (batch, sequence, width) would raise it"
+            )
+    return advice
+
+
+def _memory(compiled: jax.stages.Compiled) -> dict[str, int]:
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return {}
+    fields = (
+        "argument",
+        "output",
+        "temp",
+        "alias",
+        "generated_code",
+        "host_argument",
+        "host_output",
+        "host_temp",
+        "host_alias",
+    )
+    out = {f"{f}_bytes": int(getattr(stats, f"{f}_size_in_bytes", 0)) for f in fields}
+    out["peak_estimate_bytes"] = (
+        out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"] - out["alias_bytes"]
+    )
+    return out
+
+
+def _xla_flops(compiled: jax.stages.Compiled) -> float | None:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list):  # older JAX: one dict per device program
+        cost = cost[0] if cost else None
+    return float(cost["flops"]) if cost and "flops" in cost else None
+
+
+def compiled_report(
+    compiled: jax.stages.Compiled,
+    *,
+    num_devices: int,
+    local_tokens: int | None = None,
+    vocab_size: int | None = None,
+) -> dict[str, Any]:
+    """Memory, FLOPs, GEMMs, collectives and advice of any compiled JAX program."""
+    gemms, collectives = hlo_lib.analyze(compiled.as_text(), num_devices=num_devices)
+    gemm_entries = [gemm_entry(g, local_tokens) for g in gemms]
+    per_device = sum(g.flops for g in gemms)
+    roles: dict[str, int] = {}
+    for entry in gemm_entries:
+        roles[entry["role"]] = roles.get(entry["role"], 0) + entry["flops"]
+    coll = [hlo_lib.to_dict(c) for c in collectives]
+    return {
+        "memory": _memory(compiled),
+        "flops_per_step": per_device * num_devices,
+        "flops_per_step_per_device": per_device,
+        "gemm_flops_by_role_per_device": roles,
+        "xla_cost_analysis_flops_per_device": _xla_flops(compiled),
+        "gemms": gemm_entries,
+        "collectives": coll,
+        "collective_bytes_per_step": sum(c["bytes"] * c["count"] for c in coll),
+        "advice": advise(gemm_entries, vocab_size=vocab_size),
+    }
+
+
+def inspect_config(
+    config: Config, *, devices: list[jax.Device] | None = None, hlo_path: str | None = None
+) -> dict[str, Any]:
+    """The full report for the train step that ``config`` describes (compiled, never run)."""
+    from hopperjax.trainer import build_components  # The trainer imports this package's peers.
+
+    parts = build_components(config, devices=devices)
+    compiled = parts.lower_train_step().compile()
+    if hlo_path:
+        with open(hlo_path, "w") as f:
+            f.write(compiled.as_text())
+    t, d, n = config.train, config.data, parts.mesh.size
+    params = parts.abstract_state.params
+    report = {
+        "config": config.name,
+        "backend": jax.default_backend(),
+        "device_kind": parts.mesh.devices.flat[0].device_kind,
+        "mesh": dict(parts.mesh.shape),
+        "precision": config.precision,
+        "params": {
+            "count": sum(x.size for x in jax.tree.leaves(params)),
+            "bytes": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)),
+        },
+        **compiled_report(
+            compiled,
+            num_devices=n,
+            local_tokens=t.batch_size * d.seq_len // n,
+            vocab_size=config.model.vocab_size,
+        ),
+        "model_flops_per_step": parts.model_flops_per_step,
+    }
+    # > 1 means the compiled step does work the model does not need (remat recompute).
+    report["recompute_ratio"] = report["flops_per_step"] / report["model_flops_per_step"]
+    return report
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """A human-readable rendering of the report."""
+    lines = [
+        f"{report.get('config', '')}: {report.get('params', {}).get('count', 0):,} params, "
+        f"mesh {report.get('mesh')}, {report.get('precision')}, {report.get('device_kind')}"
+    ]
+    for key, value in report["memory"].items():
+        if value:
+            lines.append(f"  memory {key:<22} {value / 2**20:10.2f} MiB")
+    lines.append(
+        f"  flops/step {report['flops_per_step']:.4g}  "
+        f"model {report.get('model_flops_per_step', 0):.4g}  "
+        f"recompute x{report.get('recompute_ratio', 1):.3f}"
+    )
+    lines.append(
+        f"  {'layer':<34}{'role':<12}{'m':>7}{'n':>7}{'k':>7}{'batch':>6}{'x':>4}"
+        f"{'GFLOP':>9}  dtype  eff128  findings"
+    )
+    for g in report["gemms"]:
+        lines.append(
+            f"  {g['layer'][:33]:<34}{g['role']:<12}{g['m']:>7}{g['n']:>7}{g['k']:>7}"
+            f"{g['batch']:>6}{g['count']:>4}{g['flops'] / 1e9:>9.3f}  {g['dtypes'][0]:<6}"
+            f"{g['efficiency_132sm']['128x128']:>6.2f}  {'; '.join(g['findings'])}"
+        )
+    for c in report["collectives"]:
+        lines.append(
+            f"  {c['kind']:<20} {c['bytes'] / 2**20:10.3f} MiB x{c['count']} "
+            f"group {c['group_size']}  {layer_of(c['op_name'])}"
+        )
+    lines.extend(f"  advice: {a}" for a in report["advice"])
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None, *, out: Callable[[str], None] = print) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hopperjax.inspect", description=__doc__)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    parser.add_argument("--hlo", metavar="PATH", help="also write the optimized HLO text here")
+    parser.add_argument("--format", choices=("json", "table"), default="json")
+    args = parser.parse_args(argv)
+    try:
+        report = inspect_config(load_config(args.config, args.overrides), hlo_path=args.hlo)
+    except ConfigError as e:
+        print(f"hopperjax: config error: {e}", file=sys.stderr)
+        return 2
+    out(json.dumps(report, indent=1) if args.format == "json" else format_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Model FLOPs, device peak FLOP/s and MFU.
+
+MFU (model FLOPs utilization, PaLM appendix B) = model FLOPs per second / peak FLOP/s. Model FLOPs
+count what the model needs (forward + backward = 3 x forward matmuls, attention included), not what
+the compiled program does: remat recompute raises hardware FLOPs but not model FLOPs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+
+from hopperjax.config import ModelConfig
+
+# Dense (no structured sparsity) vendor peak TFLOP/s per device, by compute dtype.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100 SXM": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},
+    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.2},
+    "H200": {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+}
+# Order matters: "H100 PCIe" devices also contain "H100".
+_KIND_PATTERNS = (
+    ("H200", "H200"),
+    ("H100 PCIe", "H100 PCIe"),
+    ("H100", "H100 SXM"),
+    ("A100", "A100"),
+)
+
+
+def gpt_matmul_params(config: ModelConfig) -> int:
+    """Parameters used in matmuls (the output head included, embedding lookups not)."""
+    d = config.d_model
+    mlp = config.mlp_dim or 4 * d
+    mlp_in = 2 * mlp if config.mlp == "swiglu" else mlp
+    per_layer = d * 3 * d + d * d + d * mlp_in + mlp * d
+    return config.n_layers * per_layer + d * config.vocab_size
+
+
+def gpt_forward_flops_per_token(config: ModelConfig, seq_len: int) -> int:
+    """2 FLOPs per matmul parameter, plus attention scores and values: 2 x 2 x layers x T x d.
+
+    Attention is counted over the full T x T square, which is what the XLA attention computes
+    (the causal mask is applied after the product).
+    """
+    return 2 * gpt_matmul_params(config) + 4 * config.n_layers * seq_len * config.d_model
+
+
+def gpt_train_flops_per_step(config: ModelConfig, *, batch_size: int, seq_len: int) -> int:
+    """Model FLOPs of one training step (forward + backward = 3 x forward), all devices."""
+    return 3 * batch_size * seq_len * gpt_forward_flops_per_token(config, seq_len)
+
+
+def device_peak_kind(device_kind: str) -> str | None:
+    """Our name for a device's row in ``PEAK_TFLOPS``, or None if we have no figures for it."""
+    for pattern, kind in _KIND_PATTERNS:
+        if pattern.lower() in device_kind.lower():
+            return kind
+    return None
+
+
+@functools.cache
+def measured_cpu_peak_tflops(size: int = 1024, repeats: int = 5) -> float:
+    """Best fp32 matmul throughput of this host, the CPU's stand-in for a datasheet peak."""
+    x = jnp.ones((size, size), jnp.float32)
+    matmul = jax.jit(lambda a: a @ a)
+    matmul(x).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(x).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e12
+
+
+def peak_tflops(device: jax.Device, dtype: str) -> tuple[float, str]:
+    """Peak TFLOP/s of one device for ``dtype`` (fp32, tf32, bf16, fp16, fp8) and its source.
+
+    GPUs come from ``PEAK_TFLOPS``; a CPU (or an unknown GPU) from a short matmul measurement.
+    """
+    kind = device_peak_kind(device.device_kind)
+    if kind is not None and dtype in PEAK_TFLOPS[kind]:
+        return PEAK_TFLOPS[kind][dtype], f"datasheet {kind} {dtype}"
+    return measured_cpu_peak_tflops(), "measured fp32 matmul"
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """Turns a measured step time into the throughput fields of a metrics record.
+
+    Attributes:
+      tokens_per_step: global tokens (or examples) one step consumes.
+      model_flops_per_step: ``gpt_train_flops_per_step`` or another model's formula.
+      num_devices: devices in the mesh.
+      peak_tflops_per_device: from ``peak_tflops``.
+    """
+
+    tokens_per_step: int
+    model_flops_per_step: float
+    num_devices: int
+    peak_tflops_per_device: float
+
+    def rates(self, step_time_s: float) -> dict[str, float]:
+        achieved = self.model_flops_per_step / step_time_s / self.num_devices / 1e12
+        return {
+            "tokens_per_s": self.tokens_per_step / step_time_s,
+            "tflops_per_device": achieved,
+            "mfu": achieved / self.peak_tflops_per_device,
+        }

@@ -1,0 +1,285 @@
+"""Summarizes a ``jax.profiler`` trace: top ops, and the window split into compute/comm/idle.
+
+Reads the Chrome trace-event JSON (``<host>.trace.json.gz``) that ``jax.profiler`` writes beside
+the ``xplane.pb``; no TensorBoard or XProf install is needed. Only complete events (``"ph": "X"``,
+``ts`` and ``dur`` in microseconds) are used; process and thread names come from the ``"M"``
+metadata events. XProf emits no begin/end (``B``/``E``) pairs, so those are ignored.
+
+Which events are XLA ops (the heuristic, checked against traces of JAX 0.10):
+
+- GPU/TPU: each device is a process named ``/device:GPU:0`` (``/device:TPU:0``, ...). On GPU its
+  threads are ``Stream #N(...)`` lines holding kernels and copies, plus lines XProf derives from
+  them (``XLA Ops``, ``XLA Modules``, ``Steps``, ``Framework Name Scope``, ...) that repeat the
+  same time. We take the ``Stream*`` threads; failing those, the ``XLA Ops`` thread (TPU); failing
+  that, every thread but the derived ones. One device process is one device.
+- CPU: there is no device process. The XLA CPU runtime runs ops on the PjRt client's worker
+  threads (named ``tf_XLAPjRtCpuClient/<id>``) inside the ``/host:CPU`` process; each op event
+  carries ``args.hlo_op``, ``args.hlo_module`` and ``args.device_ordinal``. We take every event with
+  an ``hlo_op`` arg (which leaves out the runtime's ``end: <op>`` markers and executor waits) and
+  group them into devices by ``device_ordinal``; one worker thread serves several devices.
+
+An op is communication when its name or ``hlo_op`` looks like a collective (all-reduce,
+all-gather, reduce-scatter, all-to-all, collective-permute, send/recv, NCCL kernels, psum); all
+other ops, copies included, are compute. On CPU a collective's time includes waiting for the
+slowest participant, as a GPU's NCCL kernel's does.
+
+The window is the traced steps: from the first ``StepTraceAnnotation`` (events with a
+``step_num`` arg) to the later of the last step's end and the last op's end; without step markers
+it is the first op's start to the last op's end. Per device, over the window:
+compute = union of compute ops; communication = the part of the union of collectives that no
+compute op overlaps (exposed communication; the hidden part is reported separately);
+idle = window - union of all ops. The three sum to the window; the summary averages them over
+devices. Op totals are self times (nested ops, e.g. a scan's body inside its ``while``, are
+subtracted from the enclosing op) summed over devices.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import re
+from pathlib import Path
+from typing import Any, NamedTuple
+
+# Lookarounds keep "small_reduce_fusion" and "sender" out; NCCL kernels ("ncclDevKernel_...")
+# match by their prefix.
+_COLLECTIVE = re.compile(
+    r"(?<![a-z])(all[-_]?reduce|all[-_]?gather|reduce[-_]?scatter|all[-_]?to[-_]?all|"
+    r"collective[-_]?(permute|broadcast)|ppermute|psum|(send|recv)(?![a-z]))|nccl",
+    re.IGNORECASE,
+)
+# Lines XProf derives from the stream lines; counting them too would count time twice.
+_DERIVED_THREADS = (
+    "XLA Ops",
+    "XLA Modules",
+    "Steps",
+    "Framework Ops",
+    "Framework Name Scope",
+    "Source code",
+    "TensorFlow Ops",
+    "XLA TraceMe",
+)
+_TRACE_SUFFIXES = (".trace.json.gz", ".trace.json")
+
+
+class ProfileSummaryError(ValueError):
+    """No trace file, or a trace without the op events a summary needs."""
+
+
+class _Op(NamedTuple):
+    name: str
+    start: float  # µs
+    end: float  # µs
+    device: tuple[int, int]  # (pid, device ordinal or -1): one device's timeline
+    thread: tuple[int, int]  # (pid, tid): where ops nest
+    comm: bool
+
+
+def find_trace(trace_dir: str | Path) -> Path:
+    """The newest ``*.trace.json.gz`` / ``*.trace.json`` under ``trace_dir`` (or that file)."""
+    path = Path(trace_dir)
+    if path.is_file():
+        return path
+    found = [p for p in path.rglob("*") if p.name.endswith(_TRACE_SUFFIXES)]
+    if not found:
+        raise ProfileSummaryError(f"no *.trace.json.gz or *.trace.json under {path}")
+    return max(found, key=lambda p: p.stat().st_mtime)
+
+
+def _load_events(path: Path) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt") if path.name.endswith(".gz") else path.open() as f:
+        data = json.load(f)
+    # The format allows a bare event array as well as {"traceEvents": [...]}.
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def _select_ops(events: list[dict[str, Any]]) -> tuple[list[_Op], dict[tuple[int, int], str]]:
+    """The XLA op events (module docstring) and a display name per device."""
+    procs, threads = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            procs[e["pid"]] = e["args"]["name"]
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[e["pid"], e["tid"]] = e["args"]["name"]
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+
+    chosen: dict[int, set[int] | None] = {}  # device pid -> op threads (None: all of them)
+    for pid, name in procs.items():
+        if not name.startswith("/device:"):
+            continue
+        named = {tid: n for (p, tid), n in threads.items() if p == pid}
+        streams = {t for t, n in named.items() if n.startswith("Stream")}
+        xla_ops = {t for t, n in named.items() if n == "XLA Ops"}
+        rest = {t for t, n in named.items() if n not in _DERIVED_THREADS}
+        chosen[pid] = (streams or xla_ops or rest) if named else None
+
+    ops, names = [], {}
+    for e in complete:
+        args = e.get("args") or {}
+        pid, tid = e.get("pid", 0), e.get("tid", 0)
+        if pid in chosen:
+            if chosen[pid] is not None and tid not in chosen[pid]:
+                continue
+            device = (pid, -1)
+            names[device] = procs[pid]
+        elif not chosen and "hlo_op" in args:
+            ordinal = int(args.get("device_ordinal", -1))
+            device = (pid, ordinal)
+            names[device] = f"{procs.get(pid, pid)} device {ordinal}"
+        else:
+            continue
+        comm = bool(_COLLECTIVE.search(e["name"]) or _COLLECTIVE.search(args.get("hlo_op", "")))
+        start = float(e["ts"])
+        ops.append(_Op(e["name"], start, start + float(e["dur"]), device, (pid, tid), comm))
+    return ops, names
+
+
+def _union_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of ``intervals``, clipped to ``[lo, hi]``."""
+    total, reach = 0.0, lo
+    for start, end in sorted(intervals):
+        start, end = max(start, reach), min(end, hi)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
+
+
+def _self_times(ops: list[_Op]) -> list[float]:
+    """Each op's duration minus the ops nested inside it (same thread, same device)."""
+    selfs = [op.end - op.start for op in ops]
+    by_thread = collections.defaultdict(list)
+    for i, op in enumerate(ops):
+        by_thread[op.thread, op.device].append(i)
+    for indices in by_thread.values():
+        indices.sort(key=lambda i: (ops[i].start, -ops[i].end))  # Parents before children.
+        stack: list[int] = []
+        for i in indices:
+            while stack and ops[i].start >= ops[stack[-1]].end:
+                stack.pop()
+            if stack:
+                parent = ops[stack[-1]]
+                selfs[stack[-1]] -= min(ops[i].end, parent.end) - ops[i].start
+            stack.append(i)
+    return [max(s, 0.0) for s in selfs]
+
+
+def summarize_trace(trace_dir: str | Path, top: int = 15) -> dict[str, Any]:
+    """Top ops and the compute/communication/idle split of the newest trace under a directory.
+
+    Args:
+      trace_dir: a profile directory (searched recursively) or a trace file.
+      top: how many ops to list.
+
+    Returns:
+      A JSON-able dict: ``trace_file``; ``num_devices``; ``window_ms``; per-device averages
+      ``compute_ms``, ``communication_ms`` (exposed), ``idle_ms`` and their ``*_frac`` (summing
+      to 1), ``hidden_communication_ms``; ``devices`` (the split per device); ``op_time_ms`` (all
+      op self time, all devices); ``top_ops``: ``[{name, kind, count, total_ms, pct}]``, where
+      ``pct`` is the share of ``op_time_ms``.
+
+    Raises:
+      ProfileSummaryError: no trace file, or no XLA op events in it.
+    """
+    path = find_trace(trace_dir)
+    events = _load_events(path)
+    ops, names = _select_ops(events)
+    if not ops:
+        raise ProfileSummaryError(
+            f"{path} holds no XLA op events (no /device:* process with op threads, and no "
+            f"host events with an hlo_op arg); was anything run on the device while tracing?"
+        )
+    steps = [e for e in events if e.get("ph") == "X" and "step_num" in (e.get("args") or {})]
+    lo = min(float(e["ts"]) for e in steps) if steps else min(op.start for op in ops)
+    hi = max([op.end for op in ops] + [float(e["ts"]) + float(e["dur"]) for e in steps])
+    window = hi - lo
+    if window <= 0:
+        raise ProfileSummaryError(f"{path}: the traced window has no length")
+
+    by_device = collections.defaultdict(list)
+    for op in ops:
+        by_device[op.device].append(op)
+    devices = []
+    for device, mine in sorted(by_device.items()):
+        compute = _union_length([(o.start, o.end) for o in mine if not o.comm], lo, hi)
+        comm = _union_length([(o.start, o.end) for o in mine if o.comm], lo, hi)
+        busy = _union_length([(o.start, o.end) for o in mine], lo, hi)
+        devices.append(
+            {
+                "device": names[device],
+                "compute_ms": compute / 1e3,
+                "communication_ms": (busy - compute) / 1e3,
+                "idle_ms": (window - busy) / 1e3,
+                # Clamped: the difference of two float sums can come out as -1e-17.
+                "hidden_communication_ms": max(comm - (busy - compute), 0.0) / 1e3,
+            }
+        )
+
+    summary: dict[str, Any] = {
+        "trace_file": str(path),
+        "num_devices": len(devices),
+        "window_ms": window / 1e3,
+    }
+    for key in ("compute_ms", "communication_ms", "idle_ms", "hidden_communication_ms"):
+        summary[key] = sum(d[key] for d in devices) / len(devices)
+    for key in ("compute", "communication", "idle"):
+        summary[f"{key}_frac"] = summary[f"{key}_ms"] / summary["window_ms"]
+    summary["devices"] = devices
+
+    totals: dict[str, list[Any]] = {}  # name -> [count, self µs, comm]
+    for op, self_us in zip(ops, _self_times(ops), strict=True):
+        entry = totals.setdefault(op.name, [0, 0.0, op.comm])
+        entry[0] += 1
+        entry[1] += self_us
+    op_time = sum(t[1] for t in totals.values())
+    summary["op_time_ms"] = op_time / 1e3
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
+    summary["top_ops"] = [
+        {
+            "name": name,
+            "kind": "communication" if comm else "compute",
+            "count": count,
+            "total_ms": self_us / 1e3,
+            "pct": 100.0 * self_us / op_time if op_time > 0 else 0.0,
+        }
+        for name, (count, self_us, comm) in ranked
+    ]
+    return summary
+
+
+def format_summary(summary: dict[str, Any], *, name_width: int = 60) -> str:
+    """A readable table of ``summarize_trace``'s result."""
+    window = summary["window_ms"]
+    lines = [
+        f"trace: {summary['trace_file']}",
+        f"window: {window:.3f} ms, {summary['num_devices']} device(s), split averaged over them",
+    ]
+    for key in ("compute", "communication", "idle"):
+        lines.append(
+            f"  {key:<14} {summary[f'{key}_ms']:>10.3f} ms {100 * summary[f'{key}_frac']:6.1f}%"
+        )
+    lines.append(
+        f"  (communication hidden under compute: {summary['hidden_communication_ms']:.3f} ms)"
+    )
+    if summary["num_devices"] > 1:
+        lines += ["", f"  {'device':<30} {'compute ms':>11} {'comm ms':>10} {'idle ms':>10}"]
+        for d in summary["devices"]:
+            lines.append(
+                f"  {d['device'][:30]:<30} {d['compute_ms']:>11.3f} "
+                f"{d['communication_ms']:>10.3f} {d['idle_ms']:>10.3f}"
+            )
+    lines += [
+        "",
+        f"top {len(summary['top_ops'])} ops by self time "
+        f"(of {summary['op_time_ms']:.3f} ms op time, all devices):",
+        f"  {'name':<{name_width}} {'kind':<6} {'count':>6} {'total ms':>10} {'%':>6}",
+    ]
+    for op in summary["top_ops"]:
+        name = op["name"] if len(op["name"]) <= name_width else op["name"][: name_width - 1] + "…"
+        kind = "comm" if op["kind"] == "communication" else "comp"
+        lines.append(
+            f"  {name:<{name_width}} {kind:<6} {op['count']:>6d} {op['total_ms']:>10.3f} "
+            f"{op['pct']:>5.1f}%"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,408 @@
+"""Profiler windows, trace summaries and hardware telemetry (fake NVML; no GPU needed)."""
+
+import gzip
+import importlib.util
+import json
+import subprocess
+import sys
+import threading
+import time
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import REPO
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from hopperjax.observe import (
+    GpuMonitor,
+    ProfileSummaryError,
+    ProfileWindow,
+    device_memory_stats,
+    step_annotation,
+    summarize_trace,
+    trace_summary,
+)
+from hopperjax.observe import profile as profile_lib
+
+# Summaries are sums and differences of float microseconds: equal up to rounding.
+EXACT = 1e-12
+
+
+def _load_cli():
+    spec = importlib.util.spec_from_file_location(
+        "profile_summary", REPO / "tools/profile_summary.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- a real capture on CPU ---------------------------------------------------------------------
+
+
+def test_profile_window_captures_a_trace_that_summarizes(tmp_path):
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    x = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, PartitionSpec("data")))
+    w = jnp.full((32, 32), 0.01)
+
+    @jax.jit
+    def step(x, w):
+        with jax.named_scope("layer0"):
+            for _ in range(3):
+                x = jnp.tanh(x @ w)
+        return x, x.sum()  # The sum over the sharded batch makes an all-reduce.
+
+    step(x, w)  # Compile outside the window, as the loop does.
+    window = ProfileWindow(tmp_path / "profile", start_step=1, num_steps=2)
+    for s in range(5):
+        window.before_step(s)
+        assert window.active == (s in (1, 2))
+        with step_annotation(s):
+            out = step(x, w)
+        window.after_step(s, out)
+    assert window.done and not window.active
+    window.close()
+
+    files = [p.name for p in (tmp_path / "profile").rglob("*") if p.is_file()]
+    assert any(f.endswith(".xplane.pb") for f in files), files
+    assert any(f.endswith(".trace.json.gz") for f in files), files
+    if profile_lib._HAS_PERFETTO_TRACE:
+        assert "perfetto_trace.json.gz" in files
+
+    summary = summarize_trace(tmp_path / "profile")
+    assert summary["num_devices"] == 8
+    assert summary["top_ops"]
+    assert all(op["total_ms"] > 0 and op["count"] > 0 for op in summary["top_ops"])
+    assert any(op["kind"] == "communication" for op in summary["top_ops"])
+    fractions = summary["compute_frac"] + summary["communication_frac"] + summary["idle_frac"]
+    assert fractions == pytest.approx(1.0, abs=1e-6)
+    assert summary["compute_ms"] > 0
+
+    proc = subprocess.run(
+        [sys.executable, "tools/profile_summary.py", str(tmp_path / "profile"), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["top_ops"] == json.loads(json.dumps(summary["top_ops"]))
+
+
+# --- summaries of hand-written traces ----------------------------------------------------------
+
+
+def _meta(pid, name, tid=None):
+    if tid is None:
+        return {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}
+    return {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}}
+
+
+def _op(pid, tid, name, ts, dur, **args):
+    return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": ts, "dur": dur, "args": args}
+
+
+def _write_trace(path, events):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump({"displayTimeUnit": "ns", "metadata": {}, "traceEvents": events}, f)
+
+
+def test_summary_of_a_gpu_style_trace(tmp_path):
+    events = [
+        _meta(1, "/device:GPU:0"),
+        _meta(1, "Stream #13(Compute)", tid=13),
+        _meta(1, "Stream #20(Nccl)", tid=20),
+        _meta(1, "XLA Ops", tid=999),
+        _meta(2, "/device:GPU:1"),
+        _meta(2, "Stream #13(Compute)", tid=13),
+        _meta(100, "/host:CPU"),
+        _meta(100, "python", tid=5),
+        # Host: two steps over [0, 80) µs; the host's own events are not ops.
+        _op(100, 5, "train", 0, 50, step_num="0"),
+        _op(100, 5, "train", 50, 30, step_num="1"),
+        _op(100, 5, "PjitFunction(step)", 0, 40),
+        # GPU 0: compute [10, 30) and [50, 80); an all-reduce [25, 40) overlapping the first.
+        _op(1, 13, "fusion.1", 10, 20, hlo_op="fusion.1"),
+        _op(1, 20, "all-reduce.1", 25, 15, hlo_op="all-reduce-start.1"),
+        _op(1, 13, "fusion.2", 50, 30, hlo_op="fusion.2"),
+        _op(1, 999, "fusion.1", 0, 100),  # A derived line repeating the streams: ignored.
+        # GPU 1: compute [60, 100), past the host's last step.
+        _op(2, 13, "fusion.1", 60, 40, hlo_op="fusion.1"),
+    ]
+    _write_trace(tmp_path / "plugins/profile/run/host.trace.json.gz", events)
+    s = summarize_trace(tmp_path)
+
+    assert s["num_devices"] == 2
+    assert s["window_ms"] == pytest.approx(0.100, abs=EXACT)  # [0, 100) µs
+    # GPU 0: compute 50, exposed comm 10 (5 hidden), idle 40; GPU 1: compute 40, idle 60 (µs).
+    by_device = {d["device"]: d for d in s["devices"]}
+    assert by_device["/device:GPU:0"]["compute_ms"] == pytest.approx(0.050, abs=EXACT)
+    assert by_device["/device:GPU:0"]["communication_ms"] == pytest.approx(0.010, abs=EXACT)
+    assert by_device["/device:GPU:0"]["idle_ms"] == pytest.approx(0.040, abs=EXACT)
+    assert by_device["/device:GPU:1"]["idle_ms"] == pytest.approx(0.060, abs=EXACT)
+    assert s["compute_ms"] == pytest.approx(0.045, abs=EXACT)
+    assert s["communication_ms"] == pytest.approx(0.005, abs=EXACT)
+    assert s["idle_ms"] == pytest.approx(0.050, abs=EXACT)
+    assert s["hidden_communication_ms"] == pytest.approx(0.0025, abs=EXACT)
+    assert s["compute_frac"] + s["communication_frac"] + s["idle_frac"] == pytest.approx(1.0)
+
+    assert s["op_time_ms"] == pytest.approx(0.105, abs=EXACT)
+    top = [(o["name"], o["kind"], o["count"], round(o["total_ms"] * 1e3, 9)) for o in s["top_ops"]]
+    assert top == [
+        ("fusion.1", "compute", 2, 60.0),
+        ("fusion.2", "compute", 1, 30.0),
+        ("all-reduce.1", "communication", 1, 15.0),
+    ]
+    assert s["top_ops"][0]["pct"] == pytest.approx(100 * 60 / 105)
+    assert "fusion.1" in trace_summary.format_summary(s)
+
+
+def test_summary_of_a_cpu_style_trace_uses_self_times(tmp_path):
+    events = [
+        _meta(7, "/host:CPU"),
+        _meta(7, "python", tid=1),
+        _meta(7, "tf_XLAPjRtCpuClient/1", tid=2),
+        _op(7, 1, "PjitFunction(step)", 0, 500),  # No hlo_op, no step_num: neither op nor window.
+        # Device 0: a while loop [100, 150) around its body [110, 130).
+        _op(7, 2, "while.1", 100, 50, hlo_op="while.1", device_ordinal="0"),
+        _op(7, 2, "fusion", 110, 20, hlo_op="fusion", device_ordinal="0"),
+        _op(7, 2, "end: fusion", 130, 0.5),
+        # Device 1, same worker thread: an all-reduce [120, 160).
+        _op(7, 2, "all-reduce", 120, 40, hlo_op="all-reduce", device_ordinal="1"),
+    ]
+    _write_trace(tmp_path / "a/b/vm.trace.json.gz", events)
+    s = summarize_trace(tmp_path)
+
+    assert s["num_devices"] == 2
+    assert s["window_ms"] == pytest.approx(0.060, abs=EXACT)  # first op to last op: [100, 160)
+    assert s["compute_ms"] == pytest.approx(0.025, abs=EXACT)  # (50 + 0) / 2
+    assert s["communication_ms"] == pytest.approx(0.020, abs=EXACT)  # (0 + 40) / 2
+    assert s["idle_ms"] == pytest.approx(0.015, abs=EXACT)  # (10 + 20) / 2
+    totals = {o["name"]: o["total_ms"] * 1e3 for o in s["top_ops"]}
+    assert totals == pytest.approx({"all-reduce": 40.0, "while.1": 30.0, "fusion": 20.0})
+
+
+@pytest.mark.parametrize(
+    "name, comm",
+    [
+        ("all-reduce-start.3", True),
+        ("ncclDevKernel_AllGather_RING_LL", True),
+        ("reduce-scatter.1", True),
+        ("all-to-all.6", True),
+        ("collective-permute-done", True),
+        ("psum", True),
+        ("send-done.2", True),
+        ("fusion.12", False),
+        ("small_reduce_fusion", False),
+        ("loop_gather_fusion", False),
+        ("sender_copy", False),
+    ],
+)
+def test_collective_names(name, comm):
+    assert bool(trace_summary._COLLECTIVE.search(name)) is comm
+
+
+def test_trace_without_ops_is_a_clear_error(tmp_path, capsys):
+    events = [_meta(7, "/host:CPU"), _meta(7, "python", tid=1), _op(7, 1, "f", 0, 10)]
+    _write_trace(tmp_path / "vm.trace.json.gz", events)
+    with pytest.raises(ProfileSummaryError, match="no XLA op events"):
+        summarize_trace(tmp_path)
+    cli = _load_cli()
+    assert cli.main([str(tmp_path)]) == 1
+    assert "no XLA op events" in capsys.readouterr().err
+    assert cli.main([str(tmp_path / "missing")]) == 1
+    assert "no *.trace.json.gz" in capsys.readouterr().err
+
+
+# --- ProfileWindow edge cases ------------------------------------------------------------------
+
+
+def test_profile_window_close_never_raises(tmp_path):
+    never = ProfileWindow(tmp_path / "never", start_step=3, num_steps=2)
+    never.close()
+    never.close()
+    assert not never.done and not (tmp_path / "never").exists()
+
+    for off in (
+        ProfileWindow(tmp_path / "off", start_step=0, num_steps=2, enabled=False),
+        ProfileWindow(tmp_path / "off", start_step=0, num_steps=0),
+    ):
+        off.before_step(0)
+        assert not off.active
+
+    window = ProfileWindow(tmp_path / "twice", start_step=0, num_steps=1)
+    window.before_step(0)
+    jax.profiler.stop_trace()  # Someone else stops the process-wide trace first.
+    window.after_step(0, jnp.ones(2))
+    window.close()
+    window.close()
+    assert window.done and not window.active
+
+
+def test_step_annotation_adds_an_nvtx_range_when_nvtx_imports(monkeypatch):
+    entered = []
+
+    class FakeRange:
+        def __init__(self, message):
+            self.message = message
+
+        def __enter__(self):
+            entered.append(self.message)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(profile_lib, "_nvtx", types.SimpleNamespace(annotate=FakeRange))
+    with step_annotation(3):
+        pass
+    assert entered == ["step 3"]
+    monkeypatch.setattr(profile_lib, "_nvtx", None)
+    with step_annotation(4):
+        pass
+
+
+# --- hardware telemetry ------------------------------------------------------------------------
+
+
+class FakeNvmlError(Exception):
+    pass
+
+
+def _fake_pynvml(num_gpus=2):
+    """A pynvml stand-in whose readings the test sets (``util``, ``mem``, ``temp``, ``power``)."""
+    nvml = types.ModuleType("pynvml")
+    nvml.NVML_TEMPERATURE_GPU = 0
+    nvml.util = [10] * num_gpus
+    nvml.mem = [2**30] * num_gpus
+    nvml.temp = [60] * num_gpus
+    nvml.power = [100_000] * num_gpus  # mW
+    nvml.samples = 0
+    nvml.shutdowns = 0
+    nvml.nvmlInit = lambda: None
+    nvml.nvmlDeviceGetCount = lambda: num_gpus
+    nvml.nvmlDeviceGetHandleByIndex = lambda i: i
+
+    def utilization(h):
+        nvml.samples += h == 0
+        return types.SimpleNamespace(gpu=nvml.util[h])
+
+    def power(h):
+        if nvml.power[h] is None:
+            raise FakeNvmlError("Not Supported")
+        return nvml.power[h]
+
+    def shutdown():
+        nvml.shutdowns += 1
+
+    nvml.nvmlDeviceGetUtilizationRates = utilization
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=nvml.mem[h])
+    nvml.nvmlDeviceGetTemperature = lambda h, sensor: nvml.temp[h]
+    nvml.nvmlDeviceGetPowerUsage = power
+    nvml.nvmlShutdown = shutdown
+    return nvml
+
+
+def test_gpu_monitor_without_pynvml_is_quiet(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # Makes `import pynvml` raise ImportError.
+    logs = []
+    monitor = GpuMonitor(0.01, log=logs.append)
+    monitor.start()
+    assert not monitor.available and not monitor.running
+    assert "pynvml is not installed" in monitor.reason
+    assert monitor.snapshot() == {}
+    monitor.close()
+    assert len(logs) == 1 and monitor.reason in logs[0]
+
+
+def test_gpu_monitor_when_nvml_init_fails(monkeypatch):
+    nvml = _fake_pynvml()
+
+    def fail():
+        raise FakeNvmlError("NVML Shared Library Not Found")
+
+    nvml.nvmlInit = fail
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    logs = []
+    monitor = GpuMonitor(log=logs.append)
+    assert not monitor.available
+    assert "NVML Shared Library Not Found" in monitor.reason
+    assert monitor.snapshot() == {}
+    assert len(logs) == 1
+
+
+def test_gpu_monitor_averages_samples_since_the_last_snapshot(monkeypatch):
+    nvml = _fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    logs = []
+    monitor = GpuMonitor(3600.0, log=logs.append)
+    assert monitor.available and logs == []
+    nvml.power[1] = None  # GPU 1 has no power sensor: its other readings still count.
+    for util, mem_gib, temp, power_mw in [
+        (10, 2, 60, 100_000),
+        (20, 4, 70, 200_000),
+        (30, 3, 80, 0),
+    ]:
+        nvml.util[0], nvml.mem[0], nvml.temp[0], nvml.power[0] = (
+            util,
+            mem_gib * 2**30,
+            temp,
+            power_mw,
+        )
+        monitor.sample()
+    assert monitor.snapshot() == {
+        "gpu0_util_pct": 20.0,
+        "gpu0_mem_used_gib": 3.0,
+        "gpu0_temp_c": 70.0,
+        "gpu0_power_w": 100.0,
+        "gpu1_util_pct": 10.0,
+        "gpu1_mem_used_gib": 1.0,
+        "gpu1_temp_c": 60.0,
+    }
+    # Nothing sampled since: the snapshot takes one sample of the current readings.
+    assert monitor.snapshot()["gpu0_util_pct"] == 30.0
+    monitor.close()
+    assert nvml.shutdowns == 1
+
+
+def test_gpu_monitor_thread_samples_and_close_joins_it(monkeypatch):
+    nvml = _fake_pynvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monitor = GpuMonitor(0.001, log=pytest.fail)
+    monitor.start()
+    assert monitor.running
+    deadline = time.monotonic() + 10
+    while nvml.samples < 3 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert nvml.samples >= 3
+    assert monitor.snapshot()["gpu1_power_w"] == 100.0
+    monitor.close()
+    assert not monitor.running
+    assert "hopperjax-gpu-monitor" not in [t.name for t in threading.enumerate()]
+    monitor.close()
+    assert nvml.shutdowns == 1
+    assert monitor.snapshot() == {}
+
+
+def test_device_memory_stats(monkeypatch):
+    assert device_memory_stats() == {}  # CPU devices keep no allocator counters.
+    gib = 2**30
+    devices = [
+        types.SimpleNamespace(
+            memory_stats=lambda: {
+                "bytes_in_use": gib,
+                "peak_bytes_in_use": 2 * gib,
+                "bytes_limit": 4 * gib,
+            }
+        ),
+        types.SimpleNamespace(memory_stats=lambda: None),
+    ]
+    monkeypatch.setattr(jax, "local_devices", lambda: devices)
+    assert device_memory_stats() == {
+        "dev0_bytes_in_use_gib": 1.0,
+        "dev0_peak_bytes_in_use_gib": 2.0,
+        "dev0_bytes_limit_gib": 4.0,
+    }

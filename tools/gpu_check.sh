@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Every GPU check of hopperjax in one call, for a lent H200/H100 (see the device tool's README).
+#
+#   Here, once per session (fetches the wheels the device image lacks into .whl/, git-ignored):
+#     bash tools/gpu_check.sh --fetch-wheels
+#   On the device (carry: [".whl"], timeout_s 480):
+#     bash tools/gpu_check.sh
+#
+# Writes its logs and a summary table to $OUT (or runs/gpu_check) and prints the table last.
+# Plumbing check on a CPU: PYTHON=.venv/bin/python SMOKE=1 bash tools/gpu_check.sh (tiny sizes).
+# Budget: under 8 minutes on one H200. Each check has its own timeout so one hang cannot eat
+# the whole lease; a failed check is reported in the table and the next one still runs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+# Not in the device image (its JAX, flax, optax, orbax, chex, rich, pyyaml, nvidia-ml-py are).
+WHEELS=(grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 tensorboardX==2.6.5)
+
+if [[ "${1:-}" == "--fetch-wheels" ]]; then
+  grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
+    -d .whl "${WHEELS[@]}"
+  exit $?
+fi
+
+OUT=${OUT:-runs/gpu_check}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+if [[ -n "${SMOKE:-}" ]]; then
+  SHRINK=(model.d_model=64 model.n_layers=2 model.n_heads=2 data.seq_len=64 train.steps=8
+          train.log_every=2 train.eval_every=8)
+  PROFILE=(profile.start_step=3 profile.num_steps=2)
+  GEMM_SIZES=(--quick)
+else
+  SHRINK=()
+  PROFILE=(profile.start_step=20 profile.num_steps=3)
+  GEMM_SIZES=(--batches 1024,4096,16384 --repeats 10 --warmup 3)
+fi
+status=()
+
+check() {  # check NAME SECONDS COMMAND...: runs one check, logs to $OUT/NAME.log
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  echo "=== $name"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$OUT/$name.log"
+  status+=("$name rc=$rc $((SECONDS - start))s")
+}
+
+# A real-text corpus of a few MB for the large model (the embedded one is too small for 1k windows).
+for _ in $(seq 12); do cat hopperjax/*.py hopperjax/*/*.py README.md; done > /tmp/corpus.txt
+BIG=(--config configs/gpt_medium.yaml data.source=text data.path=/tmp/corpus.txt
+     run_dir=/tmp/gpt_medium "${SHRINK[@]}")
+
+check env 60 bash -c 'nvidia-smi; '"$PY"' -c "import jax, flax, optax, orbax.checkpoint as o, grain;
+print(jax.__version__, flax.__version__, optax.__version__, grain.__version__); print(jax.devices())"'
+check gemm 150 "$PY" tools/gemm_bench.py --dtypes bf16,fp8,tf32 "${GEMM_SIZES[@]}" --out-dir "$OUT"
+check inspect 90 "$PY" -m hopperjax.inspect "${BIG[@]}" --format table
+check train 240 "$PY" -m hopperjax.train "${BIG[@]}" "${PROFILE[@]}"
+check profile 30 "$PY" tools/profile_summary.py /tmp/gpt_medium/profile
+check bench_loop 90 "$PY" tools/bench_loop.py --config configs/quickstart.yaml precision=bf16 \
+  "${SHRINK[@]}" --steps 100
+
+"$PY" - "$OUT" "${status[@]}" <<'PY' | tee "$OUT/summary.txt"
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+print("| check | result |\n|---|---|")
+for line in sys.argv[2:]:
+    print(f"| {line.split()[0]} | {' '.join(line.split()[1:])} |")
+metrics = pathlib.Path("/tmp/gpt_medium/metrics.jsonl")
+if metrics.exists():
+    rows = [json.loads(x) for x in metrics.read_text().splitlines() if '"mfu"' in x][1:]
+    if rows:
+        best = max(rows, key=lambda r: r["mfu"])
+        print(f"| gpt_medium bf16 | {best['step_time_s']*1e3:.1f} ms/step, "
+              f"{best['tokens_per_s']:,.0f} tok/s, {best['tflops_per_device']:.1f} TFLOP/s, "
+              f"MFU {best['mfu']:.1%} |")
+PY
