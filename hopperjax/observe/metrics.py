@@ -44,6 +44,8 @@ def _format_console(record: dict[str, Any], total_steps: int) -> str:
         f"{record['step_time_s'] * 1e3:.1f} ms/step",
         f"{record['tokens_per_s']:,.0f} tok/s",
     ]
+    if "mfu" in record:
+        parts.append(f"MFU {record['mfu']:.1%}")
     if "eta_s" in record:
         parts.append(f"eta {datetime.timedelta(seconds=round(record['eta_s']))}")
     return " | ".join(parts)
