@@ -190,16 +190,20 @@ def test_sigterm_checkpoints_and_stops(tmp_path):
 
 
 def test_profile_window_and_throughput_fields(tiny_config):
-    result = hopperjax.train(tiny_config("train.steps=6", "profile.start_step=2",
-                                         "profile.num_steps=2", "train.eval_every=100"),
-                             console=False)
+    result = hopperjax.train(
+        tiny_config(
+            "train.steps=6", "profile.start_step=2", "profile.num_steps=2", "train.eval_every=100"
+        ),
+        console=False,
+    )
     records = [r for r in result.history if "loss" in r]
     assert all(r["mfu"] > 0 and r["tflops_per_device"] > 0 for r in records)
     # 8 devices share the step's model FLOPs: tflops_per_device x 8 x step time = model FLOPs.
     r = records[-1]
     config = tiny_config()
-    model_flops = 3 * 16 * 32 * (2 * (2 * (32 * 96 + 32 * 32 + 2 * 32 * 128) + 32 * 256)
-                                 + 4 * 2 * 32 * 32)
+    model_flops = (
+        3 * 16 * 32 * (2 * (2 * (32 * 96 + 32 * 32 + 2 * 32 * 128) + 32 * 256) + 4 * 2 * 32 * 32)
+    )
     assert r["tflops_per_device"] * 1e12 * 8 * r["step_time_s"] == pytest.approx(model_flops)
     assert config.model.n_layers == 2
     assert [r["step"] for r in records if r.get("profiled")] == [2, 3]

@@ -24,7 +24,7 @@ import jax
 
 import hopperjax
 from hopperjax.data import DevicePrefetcher, make_iterator
-from hopperjax.trainer import build_components, create_train_state
+from hopperjax.trainer import build_components
 
 
 def _time_chunks(run_chunk, *, chunks: int) -> list[float]:
@@ -39,15 +39,7 @@ def _time_chunks(run_chunk, *, chunks: int) -> list[float]:
 def bare_step_seconds(config: hopperjax.Config, *, steps: int, chunk: int) -> float:
     """Median per-step time of the compiled step alone, batches resident on the devices."""
     parts = build_components(config)
-    t = config.train
-    state, _ = create_train_state(
-        parts.model,
-        parts.tx,
-        parts.mesh,
-        seed=config.seed,
-        example_tokens=parts.batch_spec(t.batch_size)["inputs"],
-        shardings=parts.state_shardings,
-    )
+    state = parts.init_state()
     step = parts.lower_train_step().compile()
     batches = DevicePrefetcher(
         make_iterator(parts.datasets.train, config), parts.batch_sharding, depth=2

@@ -24,7 +24,7 @@ from hopperjax.observe import flops
 from hopperjax.optim import build_optimizer
 from hopperjax.parallel import batch_axis_size, build_mesh, logical_sharding, sharding_context
 from hopperjax.precision import get_policy
-from hopperjax.trainer.state import TrainState, state_shardings
+from hopperjax.trainer.state import TrainState, create_train_state, state_shardings
 from hopperjax.trainer.step import jit_steps
 
 
@@ -82,6 +82,20 @@ class Components:
             num_devices=self.mesh.size,
             peak_tflops_per_device=self._peak[0],
         )
+
+    def init_state(self) -> TrainState:
+        """A fresh TrainState, created directly with its shardings on the mesh."""
+        # Outside the mesh context on purpose: flax's scan evaluates constant parameter inits
+        # eagerly, and a mesh in scope would make it constrain concrete arrays.
+        state, _ = create_train_state(
+            self.model,
+            self.tx,
+            self.mesh,
+            seed=self.config.seed,
+            example_tokens=self.batch_spec(self.config.train.batch_size)["inputs"],
+            shardings=self.state_shardings,
+        )
+        return state
 
     def lower_train_step(self) -> jax.stages.Lowered:
         """The train step lowered for the configured batch (compile-only tools start here)."""

@@ -31,7 +31,7 @@ from hopperjax.observe.flops import Throughput
 from hopperjax.observe.gpu import GpuMonitor, device_memory_stats
 from hopperjax.observe.profile import ProfileWindow, step_annotation
 from hopperjax.trainer.components import Components, build_components
-from hopperjax.trainer.state import TrainState, create_train_state
+from hopperjax.trainer.state import TrainState
 
 # Keys whose change makes an existing checkpoint unusable (parameter or optimizer-state shapes).
 _STATE_SHAPING_PREFIXES = ("model.", "optim.name")
@@ -208,16 +208,7 @@ def train(
             state, data_state = checkpointer.restore(start, parts.abstract_state)
             train_iterator.set_state(data_state)
         else:
-            # Created outside the mesh context: flax's scan evaluates constant parameter inits
-            # eagerly, and a mesh in scope would make it constrain concrete arrays.
-            state, _ = create_train_state(
-                parts.model,
-                parts.tx,
-                parts.mesh,
-                seed=config.seed,
-                example_tokens=parts.batch_spec(t.batch_size)["inputs"],
-                shardings=parts.state_shardings,
-            )
+            state = parts.init_state()
         compile_start = time.perf_counter()
         train_step = parts.lower_train_step().compile()
         eval_step = parts.lower_eval_step().compile()
