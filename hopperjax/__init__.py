@@ -11,7 +11,7 @@ from hopperjax.config import Config, ConfigError, load_config
 from hopperjax.data import build_datasets
 from hopperjax.models import build_model
 from hopperjax.optim import build_optimizer
-from hopperjax.parallel import build_mesh, sharding_context
+from hopperjax.parallel import build_mesh, initialize_distributed, sharding_context
 from hopperjax.precision import get_policy
 from hopperjax.trainer import (
     Components,
@@ -41,6 +41,7 @@ __all__ = [
     "create_train_state",
     "eval_step",
     "get_policy",
+    "initialize_distributed",
     "jit_steps",
     "load_config",
     "sharding_context",

@@ -99,11 +99,37 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Device mesh axis sizes; -1 takes all remaining devices (at most one axis)."""
+    """Device mesh axis sizes; -1 takes all remaining devices (at most one axis).
+
+    ``dcn_data`` / ``dcn_fsdp``: how many of the ``data`` / ``fsdp`` ways cross the slow links
+    between nodes (one process per node). They must divide ``data`` / ``fsdp`` and multiply to the
+    process count; the rest of each axis, and all of ``tensor``, stays on a node's fast links.
+    """
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
+    dcn_data: int = 1
+    dcn_fsdp: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """Multi-process runs through ``jax.distributed``; off unless ``auto`` or an address is set.
+
+    ``auto`` lets JAX detect SLURM, Open MPI or Kubernetes from the environment; otherwise give the
+    coordinator (process 0's ``host:port``), the process count and this process's id.
+    """
+
+    auto: bool = False
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    initialization_timeout_s: int = 300
+
+    @property
+    def enabled(self) -> bool:
+        return self.auto or self.coordinator_address is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +159,7 @@ class Config:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
     profile: ProfileConfig = dataclasses.field(default_factory=ProfileConfig)
     monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
 
@@ -371,9 +398,30 @@ def validate(config: Config) -> None:
         raise ConfigError("profile", "start_step and num_steps must be >= 0")
     _positive("monitor.interval_s", config.monitor.interval_s)
 
-    sizes = dataclasses.asdict(config.mesh)
+    mesh = config.mesh
+    sizes = {"data": mesh.data, "fsdp": mesh.fsdp, "tensor": mesh.tensor}
     if sum(1 for v in sizes.values() if v == -1) > 1:
         raise ConfigError("mesh", "at most one axis may be -1")
     for axis, size in sizes.items():
         if size == 0 or size < -1:
             raise ConfigError(f"mesh.{axis}", f"expected a positive size or -1, got {size}")
+    for axis in ("data", "fsdp"):
+        dcn = getattr(mesh, f"dcn_{axis}")
+        _positive(f"mesh.dcn_{axis}", dcn)
+        if sizes[axis] != -1 and sizes[axis] % dcn:
+            raise ConfigError(f"mesh.dcn_{axis}", f"must divide mesh.{axis}={sizes[axis]}")
+
+    dist = config.distributed
+    if dist.coordinator_address is not None:
+        if dist.num_processes is None or dist.process_id is None:
+            raise ConfigError(
+                "distributed.coordinator_address",
+                "needs distributed.num_processes and distributed.process_id too",
+            )
+        _positive("distributed.num_processes", dist.num_processes)
+        if not 0 <= dist.process_id < dist.num_processes:
+            raise ConfigError(
+                "distributed.process_id",
+                f"expected 0 <= id < {dist.num_processes}, got {dist.process_id}",
+            )
+    _positive("distributed.initialization_timeout_s", dist.initialization_timeout_s)

@@ -26,10 +26,15 @@ def main(argv: list[str] | None = None) -> int:
     # Set here, visibly, rather than inside library code: per-step keys that shard like the data.
     jax.config.update("jax_threefry_partitionable", True)
 
-    from hopperjax.trainer import train  # After the jax.config update above.
+    from hopperjax.parallel import initialize_distributed  # After the jax.config update above.
+    from hopperjax.trainer import train
 
     try:
         config = load_config(args.config, args.overrides)
+        if config.distributed.enabled:
+            # Cross-process collectives on CPU hosts go through gloo (GPUs use NCCL regardless).
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            initialize_distributed(config.distributed)
         train(config)
     except ConfigError as e:
         print(f"hopperjax: config error: {e}", file=sys.stderr)

@@ -57,6 +57,14 @@ def test_yaml_string_floats_are_numbers(tmp_path):
         ("data.source=text", "data.path", "required"),
         ("data.source=text data.path=/nonexistent/x.txt", "data.path", "not found"),
         ("stepsonly", "stepsonly", "key=value"),
+        ("distributed.coordinator_address=h:1", "distributed.coordinator_address", "num_processes"),
+        (
+            "distributed.coordinator_address=h:1 distributed.num_processes=2 "
+            "distributed.process_id=2",
+            "distributed.process_id",
+            "expected 0 <= id < 2",
+        ),
+        ("mesh.data=4 mesh.dcn_data=3", "mesh.dcn_data", "must divide mesh.data=4"),
     ],
 )
 def test_bad_values_name_the_key(override, key, fragment):

@@ -42,7 +42,10 @@ def bare_step_seconds(config: hopperjax.Config, *, steps: int, chunk: int) -> fl
     state = parts.init_state()
     step = parts.lower_train_step().compile()
     batches = DevicePrefetcher(
-        make_iterator(parts.datasets.train, config), parts.batch_sharding, depth=2
+        make_iterator(parts.datasets.train, config),
+        parts.batch_sharding,
+        depth=2,
+        blocks=parts.batch_blocks,
     )
     resident = [next(batches) for _ in range(4)]
     batches.close()
@@ -88,6 +91,7 @@ def pipeline_batches_per_second(config: hopperjax.Config, *, batches: int) -> di
         make_iterator(parts.datasets.train, config),
         parts.batch_sharding,
         depth=config.data.device_prefetch,
+        blocks=parts.batch_blocks,
     )
     jax.block_until_ready(next(device))
     start = time.perf_counter()

@@ -20,9 +20,20 @@ from jax.sharding import Sharding
 _DONE = object()
 
 
-def to_global_batch(local_batch: dict[str, np.ndarray], sharding: Sharding) -> dict[str, jax.Array]:
-    """This process's rows -> one global ``jax.Array`` per field, laid out by ``sharding``."""
-    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}
+def to_global_batch(
+    local_batch: dict[str, np.ndarray], sharding: Sharding, *, blocks: int = 1
+) -> dict[str, jax.Array]:
+    """This process's rows -> one global ``jax.Array`` per field, laid out by ``sharding``.
+
+    Args:
+      local_batch: this process's block of rows, each field [rows, ...].
+      blocks: how many such blocks the global batch has (``process_batch_shard``); processes
+        holding the same block pass the same rows.
+    """
+    return {
+        k: jax.make_array_from_process_local_data(sharding, v, (v.shape[0] * blocks, *v.shape[1:]))
+        for k, v in local_batch.items()
+    }
 
 
 class DevicePrefetcher:
@@ -32,11 +43,13 @@ class DevicePrefetcher:
       iterator: a grain iterator (``get_state``/``set_state``) yielding dicts of local numpy rows.
       sharding: layout of every batch field across the mesh.
       depth: how many batches may wait on device.
+      blocks: row blocks in the global batch (see ``to_global_batch``).
     """
 
-    def __init__(self, iterator: Any, sharding: Sharding, depth: int):
+    def __init__(self, iterator: Any, sharding: Sharding, depth: int, *, blocks: int = 1):
         self._iterator = iterator
         self._sharding = sharding
+        self._blocks = blocks
         self._state = iterator.get_state()
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
@@ -56,7 +69,9 @@ class DevicePrefetcher:
         try:
             for local in self._iterator:
                 state = self._iterator.get_state()
-                if not self._put((to_global_batch(local, self._sharding), state)):
+                if not self._put(
+                    (to_global_batch(local, self._sharding, blocks=self._blocks), state)
+                ):
                     return
             self._put(_DONE)
         except Exception as e:  # Re-raised in the consumer's thread, where it can be handled.

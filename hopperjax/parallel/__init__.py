@@ -1,6 +1,13 @@
-"""Device meshes and the logical-axis rules that place parameters and activations on them."""
+"""Device meshes, multi-process start-up, and the logical-axis rules that place arrays on meshes."""
 
-from hopperjax.parallel.mesh import MESH_AXES, batch_axis_size, build_mesh
+from hopperjax.parallel.mesh import (
+    MESH_AXES,
+    batch_axis_size,
+    build_mesh,
+    initialize_distributed,
+    process_agrees,
+    process_batch_shard,
+)
 from hopperjax.parallel.rules import LOGICAL_AXIS_RULES, logical_sharding, sharding_context
 
 __all__ = [
@@ -8,6 +15,9 @@ __all__ = [
     "MESH_AXES",
     "batch_axis_size",
     "build_mesh",
+    "initialize_distributed",
     "logical_sharding",
+    "process_agrees",
+    "process_batch_shard",
     "sharding_context",
 ]

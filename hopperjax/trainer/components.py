@@ -22,7 +22,13 @@ from hopperjax.data import Datasets, build_datasets
 from hopperjax.models import build_model
 from hopperjax.observe import flops
 from hopperjax.optim import build_optimizer
-from hopperjax.parallel import batch_axis_size, build_mesh, logical_sharding, sharding_context
+from hopperjax.parallel import (
+    batch_axis_size,
+    build_mesh,
+    logical_sharding,
+    process_batch_shard,
+    sharding_context,
+)
 from hopperjax.precision import get_policy
 from hopperjax.trainer.state import TrainState, create_train_state, state_shardings
 from hopperjax.trainer.step import jit_steps
@@ -36,6 +42,7 @@ class Components:
       abstract_state: the TrainState as ``jax.ShapeDtypeStruct`` leaves carrying their shardings.
       state_shardings: the NamedSharding tree of the TrainState.
       batch_sharding: layout of every [batch, length] input field.
+      batch_blocks: row blocks of a global batch; this process reads one (``datasets``).
       train_step, eval_step: the jitted (not yet compiled) steps from ``jit_steps``.
     """
 
@@ -47,6 +54,7 @@ class Components:
     abstract_state: TrainState
     state_shardings: Any
     batch_sharding: NamedSharding
+    batch_blocks: int
     train_step: Any
     eval_step: Any
 
@@ -125,7 +133,10 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
     for key, size in (("train.batch_size", t.batch_size), ("train.eval_batch_size", eval_batch)):
         if size % ways:
             raise ConfigError(key, f"{size} is not divisible by the data*fsdp mesh axes ({ways})")
-    datasets = build_datasets(config)
+    batch_sharding = logical_sharding(mesh, ("batch", "length"))
+    # Processes read disjoint examples unless their devices hold the same batch rows.
+    block, blocks = process_batch_shard(batch_sharding, t.batch_size)
+    datasets = build_datasets(config, process_index=block, process_count=blocks)
     if datasets.vocab_size > config.model.vocab_size:
         raise ConfigError(
             "model.vocab_size",
@@ -135,7 +146,6 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
     tx, schedule = build_optimizer(
         config.optim, total_steps=t.steps, global_batch_size=t.batch_size
     )
-    batch_sharding = logical_sharding(mesh, ("batch", "length"))
     example = jax.ShapeDtypeStruct((t.batch_size, config.data.seq_len), jnp.int32)
     abstract, shardings = state_shardings(model, tx, mesh, seed=config.seed, example_tokens=example)
     train_step, eval_step = jit_steps(
@@ -154,6 +164,7 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         abstract_state=abstract,
         state_shardings=shardings,
         batch_sharding=batch_sharding,
+        batch_blocks=blocks,
         train_step=train_step,
         eval_step=eval_step,
     )

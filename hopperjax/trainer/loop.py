@@ -30,6 +30,7 @@ from hopperjax.observe import MetricsWriter
 from hopperjax.observe.flops import Throughput
 from hopperjax.observe.gpu import GpuMonitor, device_memory_stats
 from hopperjax.observe.profile import ProfileWindow, step_annotation
+from hopperjax.parallel import process_agrees
 from hopperjax.trainer.components import Components, build_components
 from hopperjax.trainer.state import TrainState
 
@@ -132,7 +133,10 @@ def _evaluate(eval_step: Any, state: TrainState, parts: Components) -> dict[str,
     """Mean loss and next-token accuracy over ``train.eval_batches`` batches (default: all)."""
     limit = parts.config.train.eval_batches
     batches = DevicePrefetcher(
-        iter(parts.datasets.eval), parts.batch_sharding, parts.config.data.device_prefetch
+        iter(parts.datasets.eval),
+        parts.batch_sharding,
+        parts.config.data.device_prefetch,
+        blocks=parts.batch_blocks,
     )
     totals = None
     try:
@@ -231,7 +235,10 @@ def train(
             writer=writer,
             checkpointer=checkpointer,
             batches=DevicePrefetcher(
-                train_iterator, parts.batch_sharding, config.data.device_prefetch
+                train_iterator,
+                parts.batch_sharding,
+                config.data.device_prefetch,
+                blocks=parts.batch_blocks,
             ),
             preemption=_PreemptionFlag(),
             profiler=ProfileWindow(
@@ -279,7 +286,14 @@ def _loop(
         fx.profiler.after_step(step, metrics)
         window.append(metrics)
         done = step + 1
-        if done % t.log_every == 0 or done == end or fx.preemption.requested:
+        log_step = done % t.log_every == 0 or done == end
+        # Every process must stop at the same step: with several, they agree at log steps only
+        # (one tiny collective per window rather than per step).
+        if jax.process_count() == 1:
+            preempted = fx.preemption.requested
+        else:
+            preempted = log_step and process_agrees(fx.preemption.requested)
+        if log_step or preempted:
             fetched = jax.device_get(window)  # The loop's one device sync per log window.
             record = _summarize(
                 fetched,
@@ -306,10 +320,10 @@ def _loop(
             record = {"step": done, **_evaluate(eval_step, state, parts)}
             fx.writer.write(record)
             history.append(record)
-        stopping = done == end or fx.preemption.requested
+        stopping = done == end or preempted
         fx.checkpointer.save(done, state, fx.batches.get_state(), force=stopping)
         if stopping:
-            if fx.preemption.requested:
+            if preempted:
                 fx.writer.info(f"hopperjax: SIGTERM: checkpointed step {done} and stopped")
             break
         if not window:  # Eval and checkpoint time stay out of the step time.
