@@ -133,6 +133,33 @@ class DistributedConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LossScaleConfig:
+    """Dynamic loss scaling (``enabled`` null: on for fp16 only).
+
+    Defaults follow PyTorch's GradScaler: start at 2^16, halve on a non-finite gradient (and skip
+    that update), double after ``growth_interval`` finite steps in a row.
+    """
+
+    enabled: bool | None = None
+    init_scale: float = 65536.0
+    growth_interval: int = 2000
+    factor: float = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Config:
+    """FP8 matmuls for ``precision: fp8`` (delayed scaling: e4m3 forward, e5m2 gradients).
+
+    ``layers``: comma-separated Dense layer names that run in FP8; everything else (embedding,
+    logits, norms, attention scores) stays in bf16/fp32.
+    """
+
+    backend: Literal["xla", "te"] = "xla"
+    amax_history_length: int = 1024
+    layers: str = "qkv,attn_out,mlp_in,mlp_out"
+
+
+@dataclasses.dataclass(frozen=True)
 class ProfileConfig:
     """A jax.profiler trace of steps [start_step, start_step + num_steps) into run_dir/profile."""
 
@@ -153,12 +180,14 @@ class Config:
     name: str = "run"
     run_dir: str | None = None
     seed: int = 0
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8"] = "fp32"
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    loss_scale: LossScaleConfig = dataclasses.field(default_factory=LossScaleConfig)
+    fp8: Fp8Config = dataclasses.field(default_factory=Fp8Config)
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
     profile: ProfileConfig = dataclasses.field(default_factory=ProfileConfig)
     monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
@@ -394,6 +423,20 @@ def validate(config: Config) -> None:
     if o.weight_decay < 0:
         raise ConfigError("optim.weight_decay", f"expected >= 0, got {o.weight_decay}")
 
+    ls = config.loss_scale
+    _positive("loss_scale.init_scale", ls.init_scale)
+    _positive("loss_scale.growth_interval", ls.growth_interval)
+    if ls.factor <= 1.0:
+        raise ConfigError("loss_scale.factor", f"expected > 1, got {ls.factor}")
+    _positive("fp8.amax_history_length", config.fp8.amax_history_length)
+    known_layers = {"qkv", "attn_out", "mlp_in", "mlp_out", "lm_head"}
+    for name in filter(None, config.fp8.layers.split(",")):
+        if name.strip() not in known_layers:
+            raise ConfigError(
+                "fp8.layers",
+                f"unknown layer {name.strip()!r}; expected some of "
+                f"{', '.join(sorted(known_layers))}",
+            )
     if config.profile.start_step < 0 or config.profile.num_steps < 0:
         raise ConfigError("profile", "start_step and num_steps must be >= 0")
     _positive("monitor.interval_s", config.monitor.interval_s)

@@ -160,6 +160,21 @@ def _xla_flops(compiled: jax.stages.Compiled) -> float | None:
     return float(cost["flops"]) if cost and "flops" in cost else None
 
 
+_LOWERED_DOT = re.compile(
+    r"stablehlo\.dot_general.*?: \(tensor<([^>]*)>, tensor<([^>]*)>\) -> tensor<([^>]*)>"
+)
+
+
+def lowered_dot_dtypes(lowered_text: str) -> dict[str, int]:
+    """'lhs x rhs -> out' element types of every dot the program asks for, before the backend
+    rewrites any (XLA:CPU, for one, computes 16-bit and FP8 dots in fp32)."""
+    counts: dict[str, int] = {}
+    for lhs, rhs, out in _LOWERED_DOT.findall(lowered_text):
+        key = " x ".join(t.rsplit("x", 1)[-1] for t in (lhs, rhs)) + " -> " + out.rsplit("x", 1)[-1]
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 def compiled_report(
     compiled: jax.stages.Compiled,
     *,
@@ -195,7 +210,8 @@ def inspect_config(
     from hopperjax.trainer import build_components  # The trainer imports this package's peers.
 
     parts = build_components(config, devices=devices)
-    compiled = parts.lower_train_step().compile()
+    lowered = parts.lower_train_step()
+    compiled = lowered.compile()
     if hlo_path:
         with open(hlo_path, "w") as f:
             f.write(compiled.as_text())
@@ -218,6 +234,7 @@ def inspect_config(
             vocab_size=config.model.vocab_size,
         ),
         "model_flops_per_step": parts.model_flops_per_step,
+        "lowered_dot_dtypes": lowered_dot_dtypes(lowered.as_text()),
     }
     # > 1 means the compiled step does work the model does not need (remat recompute).
     report["recompute_ratio"] = report["flops_per_step"] / report["model_flops_per_step"]

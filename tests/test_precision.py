@@ -4,9 +4,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+from conftest import REPO
 
 import hopperjax
-from hopperjax.trainer import cross_entropy
+from hopperjax.config import ConfigError
+from hopperjax.precision.fp8 import FP8_COLLECTION, transformer_engine_error
+from hopperjax.trainer import build_components, cross_entropy
 
 
 def test_bf16_forward_matches_fp32_within_bf16_rounding(tiny_config):
@@ -36,3 +40,137 @@ def test_bf16_run_trains_with_fp32_state(tiny_config):
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
     state_leaves = jax.tree.leaves((result.state.params, result.state.opt_state))
     assert all(x.dtype in (jnp.float32, jnp.int32) for x in state_leaves)
+
+
+# ---------------------------------------------------------------------------------------------
+# Policies in the compiled step
+
+
+def test_dot_operand_dtypes_follow_the_policy(tiny_config):
+    from hopperjax.inspect import inspect_config
+
+    fp8 = inspect_config(tiny_config("precision=fp8"))["lowered_dot_dtypes"]
+    assert fp8.get("f8E4M3FN x f8E4M3FN -> bf16", 0) == 4  # forward: 4 block Dense layers
+    assert fp8.get("f8E5M2 x f8E4M3FN -> bf16", 0) == 8  # backward: e5m2 output gradients
+    bf16 = inspect_config(tiny_config("precision=bf16"))["lowered_dot_dtypes"]
+    # Every GEMM takes bf16 operands except the attention-score backward, which JAX's attention
+    # keeps in fp32 (its scores are fp32); the scores themselves accumulate into fp32.
+    assert bf16["bf16 x bf16 -> f32"] == 1
+    assert not any(k.startswith("f32 x f32") for k in bf16)
+    assert sum(v for k, v in bf16.items() if k.startswith("bf16 x bf16")) >= 18
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16", "fp8"])
+def test_policy_keeps_fp32_master_state(precision, tiny_config):
+    parts = build_components(tiny_config(f"precision={precision}"))
+    assert all(
+        x.dtype in (jnp.float32, jnp.int32, jnp.uint32)
+        for x in jax.tree.leaves(parts.abstract_state)
+    )
+    assert (parts.abstract_state.loss_scale is not None) == (precision == "fp16")
+    assert (parts.abstract_state.fp8 is not None) == (precision == "fp8")
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamic loss scaling
+
+
+def test_loss_scaling_skips_non_finite_steps_and_grows(tiny_config):
+    parts = build_components(tiny_config("precision=fp16", "loss_scale.growth_interval=2"))
+    step = parts.lower_train_step().compile()
+    state = parts.init_state()
+    batch = {
+        k: jax.device_put(jnp.full((16, 32), 7, jnp.int32), parts.batch_sharding)
+        for k in ("inputs", "targets")
+    }
+    # A scale near the fp32 maximum overflows the scaled loss: every gradient is inf.
+    huge = state.replace(loss_scale=state.loss_scale.replace(scale=jnp.float32(3e38)))
+    before = jax.device_get((huge.params, huge.opt_state))
+    after, metrics = step(huge, batch)
+    for a, b in zip(
+        jax.tree.leaves(before), jax.tree.leaves((after.params, after.opt_state)), strict=True
+    ):
+        np.testing.assert_array_equal(a, np.asarray(b))  # the update was skipped
+    assert float(after.loss_scale.scale) == pytest.approx(1.5e38)
+    assert int(after.loss_scale.skipped) == 1 and float(metrics["skipped"]) == 1.0
+    assert int(after.step) == 1
+
+    # The run continues: two finite steps in a row double the scale.
+    state = after.replace(loss_scale=after.loss_scale.replace(scale=jnp.float32(1024.0)))
+    state, m1 = step(state, batch)
+    state, m2 = step(state, batch)
+    assert float(m1["skipped"]) == float(m2["skipped"]) == 0.0
+    assert float(state.loss_scale.scale) == 2048.0 and int(state.loss_scale.good_steps) == 0
+    assert int(state.loss_scale.skipped) == 1
+
+
+def test_fp8_and_loss_scale_state_evolve_and_resume_exactly(tiny_config, tmp_path):
+    overrides = [
+        "precision=fp8",
+        "loss_scale.enabled=true",
+        "loss_scale.growth_interval=2",
+        "fp8.amax_history_length=8",
+        "train.steps=6",
+        "train.eval_every=100",
+    ]
+    straight = hopperjax.train(tiny_config(*overrides, f"run_dir={tmp_path / 'a'}"), console=False)
+    history = straight.state.fp8[FP8_COLLECTION]["blocks"]["qkv"]["fp8"]["input_amax_history"]
+    assert history.shape == (2, 8)  # one window of 8 per scanned layer
+    assert int((np.asarray(history) > 0).sum(axis=1).min()) == 6  # filled once per step
+    assert float(straight.state.loss_scale.scale) == 65536.0 * 2**3  # grew every 2 steps
+
+    hopperjax.train(
+        tiny_config(*overrides, "train.stop_after=3", f"run_dir={tmp_path / 'b'}"), console=False
+    )
+    resumed = hopperjax.train(tiny_config(*overrides, f"run_dir={tmp_path / 'b'}"), console=False)
+    for a, b in zip(
+        jax.tree.leaves((straight.state.fp8, straight.state.loss_scale)),
+        jax.tree.leaves((resumed.state.fp8, resumed.state.loss_scale)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# ---------------------------------------------------------------------------------------------
+# Transformer Engine backend
+
+
+def test_te_backend_without_transformer_engine_is_a_config_error(tiny_config):
+    if transformer_engine_error() is None:
+        pytest.skip("Transformer Engine is importable here")
+    with pytest.raises(ConfigError) as info:
+        build_components(tiny_config("precision=fp8", "fp8.backend=te"))
+    assert info.value.key == "fp8.backend" and "pip install" in str(info.value)
+
+
+@pytest.mark.gpu
+def test_te_backend_trains(tiny_config):
+    reason = transformer_engine_error()
+    if reason is not None:
+        pytest.skip(f"Transformer Engine not importable: {reason}")
+    result = hopperjax.train(tiny_config("precision=fp8", "fp8.backend=te"), console=False)
+    assert np.isfinite([r["loss"] for r in result.history if "loss" in r]).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Quality: every policy trains the quickstart to the fp32 result
+
+
+def test_policies_reach_the_fp32_eval_loss_on_the_quickstart(tmp_path):
+    def eval_loss(precision: str) -> float:
+        config = hopperjax.load_config(
+            REPO / "configs" / "quickstart.yaml",
+            [
+                f"precision={precision}",
+                "train.steps=100",
+                "train.eval_every=100",
+                "train.log_every=50",
+                f"run_dir={tmp_path / precision}",
+            ],
+        )
+        result = hopperjax.train(config, console=False)
+        return [r["eval_loss"] for r in result.history if "eval_loss" in r][-1]
+
+    reference = eval_loss("fp32")
+    for precision in ("bf16", "fp16", "fp8"):
+        assert eval_loss(precision) == pytest.approx(reference, rel=0.05), precision

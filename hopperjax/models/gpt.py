@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from hopperjax.config import ModelConfig
 from hopperjax.models import layers
 from hopperjax.precision import Policy
+from hopperjax.precision.fp8 import FP8_COLLECTION
 
 
 class Block(nn.Module):
@@ -139,7 +140,7 @@ class GPT(nn.Module):
         # Scanning one Block over a stacked "layers" axis keeps compile time flat in depth.
         blocks = nn.scan(
             Block,
-            variable_axes={"params": 0},
+            variable_axes={"params": 0, FP8_COLLECTION: 0},
             split_rngs={"params": True, "dropout": True},
             length=cfg.n_layers,
             metadata_params={nn.PARTITION_NAME: "layers"},

@@ -6,13 +6,15 @@ mesh axis itself: precision and parallelism stay one config key each.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from hopperjax.precision import Policy
+from hopperjax.precision.fp8 import fp8_dot_general_cls
 
 Axes = tuple[str | None, ...]
 
@@ -26,7 +28,7 @@ class Dense(nn.Module):
 
     Written here rather than using ``nn.DenseGeneral`` because that one initializes a flattened
     2-D kernel and reshapes it, which breaks logical-axis metadata on kernels of rank > 2. It is
-    also the one place a precision policy's ``dot_general`` (e.g. FP8) plugs in.
+    also the one place the precision policy's FP8 dot (``fp8_dot``, a Flax module class) plugs in.
 
     Attributes:
       features: output feature shape, e.g. ``(3, heads, head_dim)``.
@@ -34,6 +36,7 @@ class Dense(nn.Module):
       std: stddev of the normal kernel init.
       use_bias: add a bias over the output features.
       dtype: compute dtype (inputs and kernel cast to it); param_dtype: storage dtype.
+      fp8_dot: a module class computing the dot in FP8 (``precision/fp8.py``); None: plain dot.
     """
 
     features: tuple[int, ...]
@@ -42,7 +45,7 @@ class Dense(nn.Module):
     use_bias: bool = False
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
-    dot_general: Callable[..., jax.Array] = jax.lax.dot_general
+    fp8_dot: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -54,8 +57,15 @@ class Dense(nn.Module):
             (*in_shape, *self.features),
             self.param_dtype,
         )
-        contract = (tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in)))
-        y = self.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), (contract, ((), ())))
+        dims = ((tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in))), ((), ()))
+        x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
+        if self.fp8_dot is not None:
+            y = self.fp8_dot(name="fp8")(x, kernel, dims)
+        else:
+            # Operands and result in the compute dtype; 16-bit GEMMs accumulate in fp32 inside
+            # cuBLAS (and XLA:CPU upcasts them). Asking for an fp32 result instead would make JAX's
+            # transpose rule run the two backward GEMMs with fp32 operands, off the Tensor Cores.
+            y = jax.lax.dot_general(x, kernel, dims)
         if self.use_bias:
             bias_init = nn.with_logical_partitioning(
                 nn.initializers.zeros_init(), self.kernel_axes[n_in:]
@@ -89,6 +99,7 @@ def dense(
         use_bias=use_bias,
         dtype=policy.compute_dtype,
         param_dtype=policy.param_dtype,
+        fp8_dot=fp8_dot_general_cls(policy) if policy.uses_fp8(name) else None,
         name=name,
     )
 
@@ -155,5 +166,11 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     Returns:
       [batch, length, heads, head_dim]
     """
+    dtype = q.dtype
+    if dtype == jnp.float16 and jax.default_backend() == "cpu":
+        # Known compromise: JAX's XLA attention asks for an F16_F16_F32 dot algorithm that XLA:CPU
+        # rejects at compile time (its fallback only catches trace-time errors), so CPU runs of
+        # the fp16 policy compute attention in fp32. GPUs keep fp16 (and cuDNN's fused kernel).
+        q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
     with jax.named_scope("attention"):
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True).astype(dtype)

@@ -1,5 +1,6 @@
-"""Numeric precision policies (dtype of parameters, compute and outputs)."""
+"""Numeric precision: dtype policies, dynamic loss scaling and FP8 backends."""
 
-from hopperjax.precision.policy import Policy, get_policy
+from hopperjax.precision.loss_scale import LossScaleState
+from hopperjax.precision.policy import PEAK_DTYPE, Policy, get_policy, policy_from_config
 
-__all__ = ["Policy", "get_policy"]
+__all__ = ["PEAK_DTYPE", "LossScaleState", "Policy", "get_policy", "policy_from_config"]

@@ -1,7 +1,9 @@
-"""Dtype policies: parameters stay fp32 (master weights); compute runs in the policy's dtype.
+"""Dtype policies: parameters and optimizer state stay fp32 (master weights); compute runs in the
+policy's dtype.
 
-Numerically sensitive pieces (norm statistics, softmax in attention, logits and the loss) run in
-fp32 whatever the policy, because their reductions lose too much in 8 mantissa bits.
+Numerically sensitive pieces run in fp32 whatever the policy: norm statistics, the softmax in
+attention, logits and the loss, and the gradient reduction and optimizer update (gradients of
+fp32 master weights are fp32). Matmuls accumulate in fp32.
 """
 
 from __future__ import annotations
@@ -10,30 +12,70 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from hopperjax.config import Config
+
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """Which dtype each kind of tensor uses.
 
     Attributes:
-      name: the config value that chose this policy.
+      name: the ``precision`` config value.
       param_dtype: storage dtype of parameters and optimizer state.
       compute_dtype: dtype of matmul inputs and activations.
       output_dtype: dtype of logits and the loss.
+      matmul_precision: ``jax.default_matmul_precision`` while tracing: "highest" keeps fp32
+        matmuls in fp32 on GPUs (no TF32), "tensorfloat32" allows TF32, "default" for 16-bit.
+      fp8_layers: Dense layer names whose matmuls run in FP8 (empty unless ``fp8``).
+      fp8_backend: "xla" (Flax fp8 ops) or "te" (Transformer Engine).
+      amax_history_length: delayed-scaling window of the FP8 scales.
+      loss_scaling: whether the step scales the loss (dynamic loss scaling).
     """
 
     name: str
     param_dtype: jnp.dtype = jnp.float32
     compute_dtype: jnp.dtype = jnp.float32
     output_dtype: jnp.dtype = jnp.float32
+    matmul_precision: str = "highest"
+    fp8_layers: tuple[str, ...] = ()
+    fp8_backend: str = "xla"
+    amax_history_length: int = 1024
+    loss_scaling: bool = False
+
+    def uses_fp8(self, layer_name: str) -> bool:
+        return layer_name in self.fp8_layers
 
 
-_POLICIES = {
-    "fp32": Policy("fp32"),
-    "bf16": Policy("bf16", compute_dtype=jnp.bfloat16),
+_BASE = {
+    "fp32": dict(compute_dtype=jnp.float32, matmul_precision="highest"),
+    "tf32": dict(compute_dtype=jnp.float32, matmul_precision="tensorfloat32"),
+    "bf16": dict(compute_dtype=jnp.bfloat16, matmul_precision="default"),
+    "fp16": dict(compute_dtype=jnp.float16, matmul_precision="default"),
+    "fp8": dict(compute_dtype=jnp.bfloat16, matmul_precision="default"),
 }
+# Peak-FLOP/s row of each policy's matmuls (observe/flops.py).
+PEAK_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
 
 
-def get_policy(name: str) -> Policy:
-    """Returns the policy for a ``precision`` config value (validated by the config schema)."""
-    return _POLICIES[name]
+def get_policy(name: str, **overrides) -> Policy:
+    """The policy for a ``precision`` value with its defaults (FP8 on all block projections)."""
+    fields = dict(_BASE[name])
+    if name == "fp8":
+        fields["fp8_layers"] = ("qkv", "attn_out", "mlp_in", "mlp_out")
+    fields["loss_scaling"] = name == "fp16"
+    fields.update(overrides)
+    return Policy(name=name, **fields)
+
+
+def policy_from_config(config: Config) -> Policy:
+    """The policy a run uses: ``precision`` plus the ``fp8.*`` and ``loss_scale.*`` keys."""
+    overrides = {}
+    if config.precision == "fp8":
+        overrides["fp8_layers"] = tuple(
+            n.strip() for n in config.fp8.layers.split(",") if n.strip()
+        )
+        overrides["fp8_backend"] = config.fp8.backend
+        overrides["amax_history_length"] = config.fp8.amax_history_length
+    if config.loss_scale.enabled is not None:
+        overrides["loss_scaling"] = config.loss_scale.enabled
+    return get_policy(config.precision, **overrides)

@@ -6,6 +6,7 @@ same jitted steps without running them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -29,7 +30,8 @@ from hopperjax.parallel import (
     process_batch_shard,
     sharding_context,
 )
-from hopperjax.precision import get_policy
+from hopperjax.precision import PEAK_DTYPE, Policy, policy_from_config
+from hopperjax.precision.fp8 import check_backend
 from hopperjax.trainer.state import TrainState, create_train_state, state_shardings
 from hopperjax.trainer.step import jit_steps
 
@@ -48,6 +50,7 @@ class Components:
 
     config: Config
     mesh: Mesh
+    policy: Policy
     model: nn.Module
     tx: optax.GradientTransformation
     datasets: Datasets
@@ -74,9 +77,7 @@ class Components:
 
     @functools.cached_property
     def _peak(self) -> tuple[float, str]:
-        # JAX's default matmul precision lets XLA use TF32 for fp32 matmuls on NVIDIA GPUs.
-        dtype = {"fp32": "tf32", "bf16": "bf16"}[self.config.precision]
-        return flops.peak_tflops(self.mesh.devices.flat[0], dtype)
+        return flops.peak_tflops(self.mesh.devices.flat[0], PEAK_DTYPE[self.policy.name])
 
     @property
     def peak_source(self) -> str:
@@ -102,19 +103,31 @@ class Components:
             seed=self.config.seed,
             example_tokens=self.batch_spec(self.config.train.batch_size)["inputs"],
             shardings=self.state_shardings,
+            loss_scale=self._initial_loss_scale,
         )
         return state
 
+    @property
+    def _initial_loss_scale(self) -> float | None:
+        return self.config.loss_scale.init_scale if self.policy.loss_scaling else None
+
+    def _tracing(self) -> contextlib.ExitStack:
+        """Mesh, rules and the policy's matmul precision in scope while tracing a step."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(sharding_context(self.mesh))
+        stack.enter_context(jax.default_matmul_precision(self.policy.matmul_precision))
+        return stack
+
     def lower_train_step(self) -> jax.stages.Lowered:
         """The train step lowered for the configured batch (compile-only tools start here)."""
-        with sharding_context(self.mesh):
+        with self._tracing():
             return self.train_step.lower(
                 self.abstract_state, self.batch_spec(self.config.train.batch_size)
             )
 
     def lower_eval_step(self) -> jax.stages.Lowered:
         train = self.config.train
-        with sharding_context(self.mesh):
+        with self._tracing():
             return self.eval_step.lower(
                 self.abstract_state, self.batch_spec(train.eval_batch_size or train.batch_size)
             )
@@ -142,22 +155,29 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
             "model.vocab_size",
             f"the data emits {datasets.vocab_size} token ids, got {config.model.vocab_size}",
         )
-    model = build_model(config.model, get_policy(config.precision))
+    policy = policy_from_config(config)
+    check_backend(policy)
+    model = build_model(config.model, policy)
     tx, schedule = build_optimizer(
         config.optim, total_steps=t.steps, global_batch_size=t.batch_size
     )
     example = jax.ShapeDtypeStruct((t.batch_size, config.data.seq_len), jnp.int32)
-    abstract, shardings = state_shardings(model, tx, mesh, seed=config.seed, example_tokens=example)
+    loss_scale = config.loss_scale.init_scale if policy.loss_scaling else None
+    abstract, shardings = state_shardings(
+        model, tx, mesh, seed=config.seed, example_tokens=example, loss_scale=loss_scale
+    )
     train_step, eval_step = jit_steps(
         model=model,
         tx=tx,
         schedule=schedule,
         state_shardings=shardings,
         batch_sharding=batch_sharding,
+        loss_scale=config.loss_scale if policy.loss_scaling else None,
     )
     return Components(
         config=config,
         mesh=mesh,
+        policy=policy,
         model=model,
         tx=tx,
         datasets=datasets,

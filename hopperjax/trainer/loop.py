@@ -34,6 +34,11 @@ from hopperjax.parallel import process_agrees
 from hopperjax.trainer.components import Components, build_components
 from hopperjax.trainer.state import TrainState
 
+# Steps the host may dispatch beyond the one the device is running. Unbounded run-ahead (the
+# host only syncs at log steps) can deadlock XLA:CPU, whose device threads block in a collective
+# of a later step while an earlier step's participant waits for a thread.
+_MAX_STEPS_AHEAD = 2
+
 # Keys whose change makes an existing checkpoint unusable (parameter or optimizer-state shapes).
 _STATE_SHAPING_PREFIXES = ("model.", "optim.name")
 
@@ -285,6 +290,10 @@ def _loop(
             state, metrics = train_step(state, next(fx.batches))
         fx.profiler.after_step(step, metrics)
         window.append(metrics)
+        if len(window) > _MAX_STEPS_AHEAD:
+            # Bounded run-ahead: the device still has the next step queued, so this costs no
+            # device time, and host memory for pending steps stays flat.
+            jax.block_until_ready(window[-1 - _MAX_STEPS_AHEAD])
         done = step + 1
         log_step = done % t.log_every == 0 or done == end
         # Every process must stop at the same step: with several, they agree at log steps only
@@ -302,7 +311,8 @@ def _loop(
                 seconds=time.perf_counter() - window_start,
                 steps_left=end - done,
             )
-            if not math.isfinite(record["loss"]):
+            # With loss scaling a non-finite step is expected now and then: it is skipped.
+            if not math.isfinite(record["loss"]) and not parts.policy.loss_scaling:
                 raise FloatingPointError(
                     f"loss is {record['loss']} in steps {step - len(window) + 1}-{step}; "
                     f"the last checkpoint is step {fx.checkpointer.latest_step()}"

@@ -12,6 +12,8 @@ from flax import struct
 from jax.sharding import Mesh
 
 from hopperjax.parallel import LOGICAL_AXIS_RULES
+from hopperjax.precision.fp8 import fp8_state
+from hopperjax.precision.loss_scale import LossScaleState
 
 
 @struct.dataclass
@@ -23,12 +25,16 @@ class TrainState:
       params: model parameters (fp32 master weights).
       opt_state: optimizer state, sharded like the parameters it mirrors.
       rng: [2] uint32 base key; step ``s`` uses ``fold_in(rng, s)``.
+      fp8: FP8 scales and amax histories (``precision/fp8.py``), or None without FP8.
+      loss_scale: dynamic loss-scaling state, or None when the policy does not scale.
     """
 
     step: jax.Array
     params: Any
     opt_state: Any
     rng: jax.Array
+    fp8: Any = None
+    loss_scale: LossScaleState | None = None
 
 
 def _init_boxed(
@@ -36,14 +42,21 @@ def _init_boxed(
     tx: optax.GradientTransformation,
     seed: int,
     example_tokens: jax.ShapeDtypeStruct,
+    loss_scale: float | None,
 ) -> TrainState:
     """Initializes a state whose leaves still carry logical-axis metadata (``nn.Partitioned``)."""
     root = jax.random.PRNGKey(seed)
     init_key, train_key = jax.random.split(root)
     tokens = jnp.zeros(example_tokens.shape, example_tokens.dtype)
-    params = model.init(init_key, tokens)["params"]
+    variables = model.init(init_key, tokens)
+    params = variables["params"]
     return TrainState(
-        step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=train_key
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=tx.init(params),
+        rng=train_key,
+        fp8=fp8_state(variables),
+        loss_scale=None if loss_scale is None else LossScaleState.create(loss_scale),
     )
 
 
@@ -54,13 +67,14 @@ def state_shardings(
     *,
     seed: int,
     example_tokens: jax.ShapeDtypeStruct,
+    loss_scale: float | None = None,
 ) -> tuple[Any, Any]:
     """Shapes before arrays: abstract state and its NamedShardings from the logical-axis rules.
 
     Returns:
       (abstract state of ``jax.ShapeDtypeStruct`` with shardings attached, sharding tree).
     """
-    boxed = jax.eval_shape(lambda: _init_boxed(model, tx, seed, example_tokens))
+    boxed = jax.eval_shape(lambda: _init_boxed(model, tx, seed, example_tokens, loss_scale))
     logical_specs = nn.get_partition_spec(boxed)
     shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
     abstract = jax.tree.map(
@@ -79,19 +93,24 @@ def create_train_state(
     seed: int,
     example_tokens: jax.ShapeDtypeStruct,
     shardings: Any = None,
+    loss_scale: float | None = None,
 ) -> tuple[TrainState, Any]:
     """Creates the initial state already sharded: each device computes only its own shards.
 
     Args:
       example_tokens: shape/dtype of one input batch, e.g. ``ShapeDtypeStruct((B, T), int32)``.
       shardings: the state's sharding tree if already derived (``state_shardings``).
+      loss_scale: initial loss scale when the policy scales the loss, else None.
 
     Returns:
       (state, sharding tree of the state).
     """
     if shardings is None:
-        _, shardings = state_shardings(model, tx, mesh, seed=seed, example_tokens=example_tokens)
+        _, shardings = state_shardings(
+            model, tx, mesh, seed=seed, example_tokens=example_tokens, loss_scale=loss_scale
+        )
     init = jax.jit(
-        lambda: nn.meta.unbox(_init_boxed(model, tx, seed, example_tokens)), out_shardings=shardings
+        lambda: nn.meta.unbox(_init_boxed(model, tx, seed, example_tokens, loss_scale)),
+        out_shardings=shardings,
     )
     return init(), shardings

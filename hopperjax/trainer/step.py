@@ -11,6 +11,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from hopperjax.config import LossScaleConfig
+from hopperjax.precision import fp8 as fp8_lib
+from hopperjax.precision import loss_scale as loss_scale_lib
 from hopperjax.trainer.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -33,27 +36,42 @@ def train_step(
     model: nn.Module,
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
+    loss_scale: LossScaleConfig | None = None,
 ) -> tuple[TrainState, Metrics]:
     """One optimizer update on one global batch.
 
     Args:
       state: the current train state.
       batch: ``inputs`` and ``targets``, each [batch, length] int32.
+      loss_scale: growth settings when ``state.loss_scale`` is set (dynamic loss scaling).
 
     Returns:
-      (new state, scalar metrics: loss, lr, grad_norm, param_norm, update_norm).
+      (new state, scalar metrics: loss, lr, grad_norm, param_norm, update_norm, and
+      loss_scale / skipped / skipped_total with loss scaling).
     """
     dropout_key = jax.random.fold_in(state.rng, state.step)
+    scale = state.loss_scale.scale if state.loss_scale is not None else None
 
-    def loss_fn(params: Any) -> jax.Array:
+    def loss_fn(params: Any, fp8: Any) -> tuple[jax.Array, jax.Array]:
         logits = model.apply(
-            {"params": params}, batch["inputs"], deterministic=False, rngs={"dropout": dropout_key}
+            fp8_lib.merge(params, fp8),
+            batch["inputs"],
+            deterministic=False,
+            rngs={"dropout": dropout_key},
         )
-        return cross_entropy(logits, batch["targets"]).mean()
+        loss = cross_entropy(logits, batch["targets"]).mean()
+        return (loss * scale if scale is not None else loss), loss
 
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    # FP8 scales and amax histories are differentiated too: their "gradients" are their updated
+    # values (Flax's overwrite-with-gradient convention), taken as is, never given to the optimizer.
+    (_, loss), (grads, new_fp8) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+        state.params, state.fp8
+    )
+    if state.loss_scale is not None:
+        grads = loss_scale_lib.unscale(grads, state.loss_scale)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, fp8=new_fp8)
     metrics = {
         "loss": loss,
         "lr": schedule(state.step),
@@ -61,13 +79,30 @@ def train_step(
         "param_norm": optax.global_norm(params),
         "update_norm": optax.global_norm(updates),
     }
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    if state.loss_scale is not None:
+        # Non-finite gradients anywhere (a global reduction, so all devices agree): keep the old
+        # params, optimizer and FP8 state, shrink the scale. The step counter still advances.
+        finite = loss_scale_lib.all_finite(grads)
+        kept = loss_scale_lib.select(finite, new_state, state.replace(step=state.step + 1))
+        new_state = kept.replace(
+            loss_scale=loss_scale_lib.adjust(
+                state.loss_scale,
+                finite,
+                growth_interval=loss_scale.growth_interval,
+                factor=loss_scale.factor,
+            )
+        )
+        metrics["loss_scale"] = state.loss_scale.scale
+        metrics["skipped"] = (~finite).astype(jnp.float32)
+        metrics["skipped_total"] = new_state.loss_scale.skipped.astype(jnp.float32)
     return new_state, metrics
 
 
 def eval_step(state: TrainState, batch: Batch, *, model: nn.Module) -> Metrics:
     """Sums over one batch (so means over many batches are exact): loss_sum, correct, tokens."""
-    logits = model.apply({"params": state.params}, batch["inputs"], deterministic=True)
+    logits = model.apply(
+        fp8_lib.merge(state.params, state.fp8), batch["inputs"], deterministic=True
+    )
     loss = cross_entropy(logits, batch["targets"])
     correct = jnp.argmax(logits, axis=-1) == batch["targets"]
     return {
@@ -84,6 +119,7 @@ def jit_steps(
     schedule: optax.Schedule,
     state_shardings: Any,
     batch_sharding: NamedSharding,
+    loss_scale: LossScaleConfig | None = None,
 ) -> tuple[Any, Any]:
     """The jitted train and eval steps with explicit shardings; the train step donates its state.
 
@@ -92,7 +128,7 @@ def jit_steps(
     """
     replicated = NamedSharding(batch_sharding.mesh, PartitionSpec())
     train = jax.jit(
-        functools.partial(train_step, model=model, tx=tx, schedule=schedule),
+        functools.partial(train_step, model=model, tx=tx, schedule=schedule, loss_scale=loss_scale),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
