@@ -8,8 +8,8 @@
 #
 # Writes its logs and a summary table to $OUT (or runs/gpu_check) and prints the table last.
 # Plumbing check on a CPU: PYTHON=.venv/bin/python SMOKE=1 bash tools/gpu_check.sh (tiny sizes).
-# Budget: under 8 minutes on one H200. Each check has its own timeout so one hang cannot eat
-# the whole lease; a failed check is reported in the table and the next one still runs.
+# Budget: the per-check timeouts add up to 8 minutes, so one hang cannot eat the whole lease;
+# a failed check is reported in the table and the next one still runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,13 +63,23 @@ for _ in $(seq 12); do cat hopperjax/*.py hopperjax/*/*.py README.md; done > /tm
 BIG=(--config configs/gpt_medium.yaml data.source=text data.path=/tmp/corpus.txt
      run_dir=/tmp/gpt_medium "${SHRINK[@]}")
 
-check env 60 bash -c 'nvidia-smi; '"$PY"' -c "import jax, flax, optax, orbax.checkpoint as o, grain;
+check env 30 bash -c 'nvidia-smi; '"$PY"' -c "import jax, flax, optax, orbax.checkpoint as o, grain;
 print(jax.__version__, flax.__version__, optax.__version__, grain.__version__); print(jax.devices())"'
-check gemm 150 "$PY" tools/gemm_bench.py --dtypes bf16,fp8,tf32 "${GEMM_SIZES[@]}" --out-dir "$OUT"
-check inspect 90 "$PY" -m hopperjax.inspect "${BIG[@]}" --format table
-check train 240 "$PY" -m hopperjax.train "${BIG[@]}" "${PROFILE[@]}"
-check profile 30 "$PY" tools/profile_summary.py /tmp/gpt_medium/profile
-check bench_loop 90 "$PY" tools/bench_loop.py --config configs/quickstart.yaml precision=bf16 \
+check gemm 90 "$PY" tools/gemm_bench.py --dtypes bf16,fp8,tf32 "${GEMM_SIZES[@]}" --out-dir "$OUT"
+check inspect 60 "$PY" -m hopperjax.inspect "${BIG[@]}" --format table
+check train 120 "$PY" -m hopperjax.train "${BIG[@]}" "${PROFILE[@]}"
+check profile 20 "$PY" tools/profile_summary.py /tmp/gpt_medium/profile
+# FP8 vs bf16 on a GEMM-heavy model (d_model 4096): step time, and whether XLA emitted cuBLASLt
+# FP8 GEMMs (custom-call __cublas$lt$matmul$f8) for the quantize -> dot -> dequantize pattern.
+WIDE=("${BIG[@]}" model.d_model=4096 model.n_layers=4 model.n_heads=32 train.batch_size=8
+      train.steps=20 train.log_every=5 train.eval_every=20 train.eval_batch_size=4 "${SHRINK[@]}")
+for p in bf16 fp8; do
+  check "wide_$p" 60 "$PY" -m hopperjax.train "${WIDE[@]}" precision=$p run_dir=/tmp/wide_$p
+done
+check fp8_hlo 60 bash -c '"$0" -m hopperjax.inspect "${@}" precision=fp8 --hlo /tmp/fp8.hlo \
+  --format table > /dev/null && echo "cuBLASLt fp8 GEMM calls: $(grep -c "__cublas\$lt\$matmul\$f8" /tmp/fp8.hlo)"' \
+  "$PY" "${WIDE[@]}"
+check bench_loop 45 "$PY" tools/bench_loop.py --config configs/quickstart.yaml precision=bf16 \
   "${SHRINK[@]}" --steps 100
 
 "$PY" - "$OUT" "${status[@]}" <<'PY' | tee "$OUT/summary.txt"
@@ -86,4 +96,10 @@ if metrics.exists():
         print(f"| gpt_medium bf16 | {best['step_time_s']*1e3:.1f} ms/step, "
               f"{best['tokens_per_s']:,.0f} tok/s, {best['tflops_per_device']:.1f} TFLOP/s, "
               f"MFU {best['mfu']:.1%} |")
+for p in ("bf16", "fp8"):
+    wide = pathlib.Path(f"/tmp/wide_{p}/metrics.jsonl")
+    rows = [json.loads(x) for x in wide.read_text().splitlines() if '"mfu"' in x][1:] if wide.exists() else []
+    if rows:
+        ms = sorted(r["step_time_s"] for r in rows)[len(rows) // 2] * 1e3
+        print(f"| d4096 {p} | {ms:.1f} ms/step, MFU {rows[-1]['mfu']:.1%} |")
 PY
