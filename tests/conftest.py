@@ -7,13 +7,23 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import tempfile
 from pathlib import Path
 
+import jax
 import pytest
 
 import hopperjax
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Many tests compile the same tiny programs; a persistent compilation cache for this test session
+# (also inherited by the CLI subprocesses) turns the repeats into cache hits.
+_CACHE = tempfile.mkdtemp(prefix="hopperjax-test-jit-cache-")
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+jax.config.update("jax_compilation_cache_dir", _CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 # A model small enough that a train() call compiles and runs in seconds on 2 cores.
 TINY = [

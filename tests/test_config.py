@@ -48,7 +48,7 @@ def test_yaml_string_floats_are_numbers(tmp_path):
         ("train.steps=many", "train.steps", "expected an integer"),
         ("train.steps=-5", "train.steps", "positive"),
         ("train.steps=2.5", "train.steps", "expected an integer"),
-        ("precision=fp64", "precision", "expected one of fp32, bf16"),
+        ("precision=fp64", "precision", "expected one of fp32, tf32, bf16, fp16, fp8"),
         ("data.shuffle=maybe", "data.shuffle", "true or false"),
         ("model=3", "model", "mapping"),
         ("model.n_heads=3", "model.n_heads", "divide"),

@@ -18,7 +18,9 @@ def _free_port() -> int:
 
 def _run_two_processes(run_dir, overrides):
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")
+    }
     procs = [
         subprocess.Popen(
             [
