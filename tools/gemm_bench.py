@@ -26,16 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-# Dense (no 2:4 sparsity) vendor peak TFLOP/s. First substring match of device_kind wins, so the
-# PCIe entry precedes the plain "H100" (SXM). fp32 is the non-Tensor-Core rate; tf32 is fp32 on
-# Tensor Cores. The H200 has the H100 SXM's compute (only memory differs).
-_H100_SXM = {"fp8": 1978.9, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}
-PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H100 PCIe", {"fp8": 1513.0, "bf16": 756.0, "tf32": 378.0, "fp32": 51.0}),
-    ("H100", _H100_SXM),
-    ("H200", _H100_SXM),
-    ("A100", {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5}),  # no fp8 Tensor Cores
-)
+from hopperjax.observe import flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,11 +84,12 @@ def is_aligned(n: int, k: int, m: int, dtype: str) -> bool:
 
 
 def peak_tflops(device_kind: str, dtype: str) -> float | None:
-    """Dense peak TFLOP/s for a jax device_kind such as "NVIDIA H100 80GB HBM3"; None if unknown."""
-    for needle, table in PEAKS:
-        if needle.lower() in device_kind.lower():
-            return table.get(dtype)
-    return None
+    """Dense peak TFLOP/s for a jax device_kind such as "NVIDIA H100 80GB HBM3"; None if unknown.
+
+    One table for the whole project: ``hopperjax.observe.flops.PEAK_TFLOPS``.
+    """
+    kind = flops.device_peak_kind(device_kind)
+    return None if kind is None else flops.PEAK_TFLOPS[kind].get(dtype)
 
 
 @dataclasses.dataclass(frozen=True)
