@@ -25,13 +25,11 @@ class Datasets:
       train: infinite, shuffled each epoch, batches of ``batch_size / process_count`` rows.
       eval: one pass over the held-out split, unshuffled, incomplete last batch dropped.
       vocab_size: tokens the source can emit.
-      tokens_per_example: sequence length of one row.
     """
 
     train: grain.MapDataset
     eval: grain.MapDataset
     vocab_size: int
-    tokens_per_example: int
 
 
 def _source_bytes(config: Config) -> Any:
@@ -98,7 +96,6 @@ def build_datasets(
         train=train_ds,
         eval=eval_ds,
         vocab_size=text.BYTE_VOCAB_SIZE,
-        tokens_per_example=data.seq_len,
     )
 
 

@@ -103,13 +103,9 @@ class Components:
             seed=self.config.seed,
             example_tokens=self.batch_spec(self.config.train.batch_size)["inputs"],
             shardings=self.state_shardings,
-            loss_scale=self._initial_loss_scale,
+            loss_scale=initial_loss_scale(self.config, self.policy),
         )
         return state
-
-    @property
-    def _initial_loss_scale(self) -> float | None:
-        return self.config.loss_scale.init_scale if self.policy.loss_scaling else None
 
     def _tracing(self) -> contextlib.ExitStack:
         """Mesh, rules and the policy's matmul precision in scope while tracing a step."""
@@ -131,6 +127,11 @@ class Components:
             return self.eval_step.lower(
                 self.abstract_state, self.batch_spec(train.eval_batch_size or train.batch_size)
             )
+
+
+def initial_loss_scale(config: Config, policy: Policy) -> float | None:
+    """The loss scale a fresh state starts from, or None when the policy does not scale."""
+    return config.loss_scale.init_scale if policy.loss_scaling else None
 
 
 def build_components(config: Config, *, devices: Sequence[jax.Device] | None = None) -> Components:
@@ -162,7 +163,7 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         config.optim, total_steps=t.steps, global_batch_size=t.batch_size
     )
     example = jax.ShapeDtypeStruct((t.batch_size, config.data.seq_len), jnp.int32)
-    loss_scale = config.loss_scale.init_scale if policy.loss_scaling else None
+    loss_scale = initial_loss_scale(config, policy)
     abstract, shardings = state_shardings(
         model, tx, mesh, seed=config.seed, example_tokens=example, loss_scale=loss_scale
     )
