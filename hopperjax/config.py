@@ -63,7 +63,12 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Loop cadence. ``batch_size`` is global (all devices, all processes)."""
+    """Loop cadence. ``batch_size`` is global (all devices, all processes).
+
+    ``microbatches``: K > 1 splits each global batch into K equal microbatches inside the jitted
+    step and accumulates their fp32 gradients into one optimizer update (same update as the full
+    batch; activation memory of one microbatch).
+    """
 
     steps: int = 500
     batch_size: int = 32
@@ -75,6 +80,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     async_checkpoint: bool = True
     stop_after: int | None = None
+    microbatches: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +165,51 @@ class Fp8Config:
     layers: str = "qkv,attn_out,mlp_in,mlp_out"
 
 
+# Intermediates every transformer block tags with ``checkpoint_name`` (``models/gpt.py``), which
+# the named remat policies choose from. The block's input needs no name: the layer scan keeps it.
+REMAT_NAMES = ("qkv", "attention", "attn_out", "mlp_in", "mlp_hidden", "mlp_out")
+
+
+@dataclasses.dataclass(frozen=True)
+class RematConfig:
+    """What each transformer block keeps for the backward pass (``memory/remat.py``).
+
+    policy: none keeps every activation; full keeps only the block input and recomputes the rest;
+    dots keeps matmul outputs; dots_no_batch keeps matmul outputs without batch dims (the
+    projections, not attention scores); save_names keeps ``names``; offload keeps ``names`` on the
+    device and moves ``offload_names`` to pinned host memory until the backward pass needs them.
+    names / offload_names: comma-separated, from ``REMAT_NAMES``.
+    """
+
+    policy: Literal["none", "full", "dots", "dots_no_batch", "save_names", "offload"] = "none"
+    names: str = ""
+    offload_names: str = ""
+
+    @property
+    def saved(self) -> tuple[str, ...]:
+        return _names(self.names)
+
+    @property
+    def offloaded(self) -> tuple[str, ...]:
+        return _names(self.offload_names)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class OffloadConfig:
+    """Train-state parts kept in pinned host memory between steps (``memory/offload.py``).
+
+    The step streams them to the device for the update and writes them back: device memory
+    between steps drops by their size, at the cost of a host<->device copy every step.
+    """
+
+    optimizer_state: bool = False
+    params: bool = False
+
+
 @dataclasses.dataclass(frozen=True)
 class ProfileConfig:
     """A jax.profiler trace of steps [start_step, start_step + num_steps) into run_dir/profile."""
@@ -188,6 +239,8 @@ class Config:
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     loss_scale: LossScaleConfig = dataclasses.field(default_factory=LossScaleConfig)
     fp8: Fp8Config = dataclasses.field(default_factory=Fp8Config)
+    remat: RematConfig = dataclasses.field(default_factory=RematConfig)
+    offload: OffloadConfig = dataclasses.field(default_factory=OffloadConfig)
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
     profile: ProfileConfig = dataclasses.field(default_factory=ProfileConfig)
     monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
@@ -412,6 +465,12 @@ def validate(config: Config) -> None:
     _positive("train.eval_batches", t.eval_batches, allow_none=True)
     if t.stop_after is not None and not 0 < t.stop_after <= t.steps:
         raise ConfigError("train.stop_after", f"expected 0 < stop_after <= {t.steps}")
+    _positive("train.microbatches", t.microbatches)
+    if t.batch_size % t.microbatches:
+        raise ConfigError(
+            "train.microbatches",
+            f"must divide train.batch_size={t.batch_size}, got {t.microbatches}",
+        )
 
     _positive("optim.base_lr", o.base_lr)
     _positive("optim.base_batch_size", o.base_batch_size, allow_none=True)
@@ -437,6 +496,7 @@ def validate(config: Config) -> None:
                 f"unknown layer {name.strip()!r}; expected some of "
                 f"{', '.join(sorted(known_layers))}",
             )
+    _validate_remat(config.remat)
     if config.profile.start_step < 0 or config.profile.num_steps < 0:
         raise ConfigError("profile", "start_step and num_steps must be >= 0")
     _positive("monitor.interval_s", config.monitor.interval_s)
@@ -468,3 +528,28 @@ def validate(config: Config) -> None:
                 f"expected 0 <= id < {dist.num_processes}, got {dist.process_id}",
             )
     _positive("distributed.initialization_timeout_s", dist.initialization_timeout_s)
+
+
+def _validate_remat(remat: RematConfig) -> None:
+    for key, names in (("remat.names", remat.saved), ("remat.offload_names", remat.offloaded)):
+        for name in names:
+            if name not in REMAT_NAMES:
+                raise ConfigError(
+                    key, f"unknown activation {name!r}; expected some of {', '.join(REMAT_NAMES)}"
+                )
+    uses = {"save_names": ("remat.names",), "offload": ("remat.names", "remat.offload_names")}
+    used = uses.get(remat.policy, ())
+    for key, names in (("remat.names", remat.saved), ("remat.offload_names", remat.offloaded)):
+        if names and key not in used:
+            raise ConfigError(key, f"not used by remat.policy '{remat.policy}'")
+    if remat.policy == "save_names" and not remat.saved:
+        raise ConfigError("remat.names", "remat.policy 'save_names' needs at least one name")
+    if remat.policy == "offload" and not remat.offloaded:
+        raise ConfigError(
+            "remat.offload_names", "remat.policy 'offload' needs at least one name to offload"
+        )
+    both = set(remat.saved) & set(remat.offloaded)
+    if both:
+        raise ConfigError(
+            "remat.offload_names", f"{', '.join(sorted(both))} also in remat.names; pick one"
+        )

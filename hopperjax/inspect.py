@@ -22,6 +22,7 @@ from typing import Any
 import jax
 
 from hopperjax.config import Config, ConfigError, load_config
+from hopperjax.memory import budget, offload
 from hopperjax.observe import hlo as hlo_lib
 
 # Tensor Cores want every GEMM dim a multiple of this many elements (NVIDIA's guidance).
@@ -131,28 +132,6 @@ def advise(gemms: list[dict[str, Any]], *, vocab_size: int | None = None) -> lis
     return advice
 
 
-def _memory(compiled: jax.stages.Compiled) -> dict[str, int]:
-    stats = compiled.memory_analysis()
-    if stats is None:
-        return {}
-    fields = (
-        "argument",
-        "output",
-        "temp",
-        "alias",
-        "generated_code",
-        "host_argument",
-        "host_output",
-        "host_temp",
-        "host_alias",
-    )
-    out = {f"{f}_bytes": int(getattr(stats, f"{f}_size_in_bytes", 0)) for f in fields}
-    out["peak_estimate_bytes"] = (
-        out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"] - out["alias_bytes"]
-    )
-    return out
-
-
 def _xla_flops(compiled: jax.stages.Compiled) -> float | None:
     cost = compiled.cost_analysis()
     if isinstance(cost, list):  # older JAX: one dict per device program
@@ -191,7 +170,7 @@ def compiled_report(
         roles[entry["role"]] = roles.get(entry["role"], 0) + entry["flops"]
     coll = [hlo_lib.to_dict(c) for c in collectives]
     return {
-        "memory": _memory(compiled),
+        "memory": budget.compiled_memory(compiled),
         "flops_per_step": per_device * num_devices,
         "flops_per_step_per_device": per_device,
         "gemm_flops_by_role_per_device": roles,
@@ -210,7 +189,8 @@ def inspect_config(
     from hopperjax.trainer import build_components  # The trainer imports this package's peers.
 
     parts = build_components(config, devices=devices)
-    lowered = parts.lower_train_step()
+    traced = parts.trace_train_step()
+    lowered = parts.lower_train_step(traced)
     compiled = lowered.compile()
     if hlo_path:
         with open(hlo_path, "w") as f:
@@ -235,6 +215,12 @@ def inspect_config(
         ),
         "model_flops_per_step": parts.model_flops_per_step,
         "lowered_dot_dtypes": lowered_dot_dtypes(lowered.as_text()),
+        "offload": {
+            "state_bytes_per_device": offload.state_bytes_by_memory(parts.abstract_state),
+            "activations_to_host_per_step": offload.host_transfers(traced.jaxpr),
+        },
+        "remat": config.remat.policy,
+        "microbatches": t.microbatches,
     }
     # > 1 means the compiled step does work the model does not need (remat recompute).
     report["recompute_ratio"] = report["flops_per_step"] / report["model_flops_per_step"]
@@ -250,6 +236,15 @@ def format_table(report: dict[str, Any]) -> str:
     for key, value in report["memory"].items():
         if value:
             lines.append(f"  memory {key:<22} {value / 2**20:10.2f} MiB")
+    if "offload" in report:
+        state = report["offload"]["state_bytes_per_device"]
+        moved = report["offload"]["activations_to_host_per_step"]
+        lines.append(
+            f"  remat {report['remat']}, microbatches {report['microbatches']}; state per device: "
+            + ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in state.items())
+            + f"; activations to host {moved['bytes'] / 2**20:.2f} MiB/step in {moved['count']}"
+            " copies"
+        )
     lines.append(
         f"  flops/step {report['flops_per_step']:.4g}  "
         f"model {report.get('model_flops_per_step', 0):.4g}  "

@@ -18,8 +18,14 @@ import hopperjax
 REPO = Path(__file__).resolve().parents[1]
 
 # Many tests compile the same tiny programs; a persistent compilation cache for this test session
-# (also inherited by the CLI subprocesses) turns the repeats into cache hits.
-_CACHE = tempfile.mkdtemp(prefix="hopperjax-test-jit-cache-")
+# (shared by the pytest-xdist workers of one run, inherited by the CLI subprocesses) turns the
+# repeats into cache hits.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+if _RUN:
+    _CACHE = os.path.join(tempfile.gettempdir(), f"hopperjax-test-jit-cache-{_RUN}")
+    os.makedirs(_CACHE, exist_ok=True)
+else:
+    _CACHE = tempfile.mkdtemp(prefix="hopperjax-test-jit-cache-")
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

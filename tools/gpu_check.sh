@@ -8,8 +8,10 @@
 #
 # Writes its logs and a summary table to $OUT (or runs/gpu_check) and prints the table last.
 # Plumbing check on a CPU: PYTHON=.venv/bin/python SMOKE=1 bash tools/gpu_check.sh (tiny sizes).
-# Budget: the per-check timeouts add up to 8 minutes, so one hang cannot eat the whole lease;
-# a failed check is reported in the table and the next one still runs.
+# A subset: CHECKS="env find_batch" bash tools/gpu_check.sh (names as in the summary table).
+# Budget: under 8 minutes in all. A check is killed at its own timeout or at the global deadline
+# (DEADLINE seconds, default 470), whichever comes first, so one hang cannot eat the lease; a
+# failed or cut check is reported in the table and the next one still runs (or is skipped).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,21 +37,37 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
+# Checks compile the same programs more than once (inspect and train; find_batch's last probe and
+# its timed run): the persistent cache turns the repeats into loads.
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/hopperjax-jax-cache}
 PY=${PYTHON:-python3}
 if [[ -n "${SMOKE:-}" ]]; then
   SHRINK=(model.d_model=64 model.n_layers=2 model.n_heads=2 data.seq_len=64 train.steps=8
           train.log_every=2 train.eval_every=8)
   PROFILE=(profile.start_step=3 profile.num_steps=2)
   GEMM_SIZES=(--quick)
+  ONE_B=(model.d_model=64 model.n_layers=2 model.n_heads=2 data.seq_len=64)
+  FIND=(--budget-gb 0.05 --measure-steps 2)
 else
   SHRINK=()
   PROFILE=(profile.start_step=20 profile.num_steps=3)
   GEMM_SIZES=(--batches 1024,4096,16384 --repeats 10 --warmup 3)
+  ONE_B=()
+  FIND=(--tolerance 0.1 --measure-steps 5)
 fi
 status=()
 
 check() {  # check NAME SECONDS COMMAND...: runs one check, logs to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
+  if [[ -n "${CHECKS:-}" && " $CHECKS " != *" ${name%%_*} "* && " $CHECKS " != *" $name "* ]]; then
+    return
+  fi
+  local left=$(( ${DEADLINE:-470} - SECONDS ))
+  if (( left < 15 )); then
+    status+=("$name skipped: deadline")
+    return
+  fi
+  (( limit > left )) && limit=$left
   local start=$SECONDS
   echo "=== $name"
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
@@ -67,6 +85,10 @@ check env 30 bash -c 'nvidia-smi; '"$PY"' -c "import jax, flax, optax, orbax.che
 print(jax.__version__, flax.__version__, optax.__version__, grain.__version__); print(jax.devices())"'
 check gemm 90 "$PY" tools/gemm_bench.py --dtypes bf16,fp8,tf32 "${GEMM_SIZES[@]}" --out-dir "$OUT"
 check inspect 60 "$PY" -m hopperjax.inspect "${BIG[@]}" --format table
+# The largest batch per remat policy for a ~1B GPT that fits the H200 (compile-only search, then
+# 5 timed steps at each): what remat buys in batch and what its recompute costs in throughput.
+check find_batch 200 "$PY" tools/find_batch.py --config configs/gpt_1b.yaml "${ONE_B[@]}" \
+  --policies none,full "${FIND[@]}" --json "$OUT/find_batch.json"
 check train 120 "$PY" -m hopperjax.train "${BIG[@]}" "${PROFILE[@]}"
 check profile 20 "$PY" tools/profile_summary.py /tmp/gpt_medium/profile
 # FP8 vs bf16 on a GEMM-heavy model (d_model 4096): step time, and whether XLA emitted cuBLASLt
@@ -96,6 +118,12 @@ if metrics.exists():
         print(f"| gpt_medium bf16 | {best['step_time_s']*1e3:.1f} ms/step, "
               f"{best['tokens_per_s']:,.0f} tok/s, {best['tflops_per_device']:.1f} TFLOP/s, "
               f"MFU {best['mfu']:.1%} |")
+found = out / "find_batch.json"
+if found.exists():
+    for m in json.loads(found.read_text())["measured"]:
+        print(f"| 1B remat {m['remat']} | largest batch {m['batch_size']}: "
+              f"{m['step_s']*1e3:.0f} ms/step, {m['tokens_per_s']:,.0f} tok/s, "
+              f"{m['model_tflops']:.1f} model TFLOP/s |")
 for p in ("bf16", "fp8"):
     wide = pathlib.Path(f"/tmp/wide_{p}/metrics.jsonl")
     rows = [json.loads(x) for x in wide.read_text().splitlines() if '"mfu"' in x][1:] if wide.exists() else []

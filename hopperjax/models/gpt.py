@@ -7,15 +7,21 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from hopperjax.config import ModelConfig
+from hopperjax.config import ModelConfig, RematConfig
+from hopperjax.memory.remat import remat_block
 from hopperjax.models import layers
 from hopperjax.precision import Policy
 from hopperjax.precision.fp8 import FP8_COLLECTION
 
 
 class Block(nn.Module):
-    """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)).
+
+    Intermediates are tagged with ``checkpoint_name`` (``config.REMAT_NAMES``) for the remat
+    policies that save or offload activations by name.
+    """
 
     config: ModelConfig
     policy: Policy
@@ -42,12 +48,13 @@ class Block(nn.Module):
             use_bias=cfg.use_bias,
             name="qkv",
         )(h)
+        qkv = checkpoint_name(qkv, "qkv")
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each (B, T, nh, hd)
         if cfg.positions == "rope":
             positions = jnp.arange(x.shape[1])
             q = layers.rope(q, positions, cfg.rope_theta)
             k = layers.rope(k, positions, cfg.rope_theta)
-        attn = layers.causal_attention(q, k, v)  # (B, T, nh, hd)
+        attn = checkpoint_name(layers.causal_attention(q, k, v), "attention")  # (B, T, nh, hd)
         attn = layers.dense(
             cfg.d_model,
             axes=("heads", "kv", "embed"),
@@ -56,7 +63,7 @@ class Block(nn.Module):
             use_bias=cfg.use_bias,
             name="attn_out",
         )(attn)
-        x = x + dropout(attn)
+        x = x + dropout(checkpoint_name(attn, "attn_out"))
 
         h = layers.layer_norm(
             policy=policy, eps=cfg.norm_eps, use_bias=cfg.use_bias, name="mlp_norm"
@@ -71,6 +78,7 @@ class Block(nn.Module):
                 use_bias=cfg.use_bias,
                 name="mlp_in",
             )(h)
+            gate_up = checkpoint_name(gate_up, "mlp_in")
             h = nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
         else:
             h = layers.dense(
@@ -81,7 +89,8 @@ class Block(nn.Module):
                 use_bias=cfg.use_bias,
                 name="mlp_in",
             )(h)
-            h = nn.gelu(h, approximate=False)
+            h = nn.gelu(checkpoint_name(h, "mlp_in"), approximate=False)
+        h = checkpoint_name(h, "mlp_hidden")
         h = layers.dense(
             cfg.d_model,
             axes=("mlp", "embed"),
@@ -90,7 +99,7 @@ class Block(nn.Module):
             use_bias=cfg.use_bias,
             name="mlp_out",
         )(h)
-        x = x + dropout(h)
+        x = x + dropout(checkpoint_name(h, "mlp_out"))
         return layers.constrain(x, ("batch", "length", "embed")), None
 
 
@@ -100,10 +109,12 @@ class GPT(nn.Module):
     Attributes:
       config: sizes and options.
       policy: dtypes of parameters and compute.
+      remat: what each block keeps for the backward pass (``memory/remat.py``).
     """
 
     config: ModelConfig
     policy: Policy
+    remat: RematConfig = RematConfig()
 
     @nn.compact
     def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
@@ -139,7 +150,7 @@ class GPT(nn.Module):
 
         # Scanning one Block over a stacked "layers" axis keeps compile time flat in depth.
         blocks = nn.scan(
-            Block,
+            remat_block(Block, self.remat),
             variable_axes={"params": 0, FP8_COLLECTION: 0},
             split_rngs={"params": True, "dropout": True},
             length=cfg.n_layers,

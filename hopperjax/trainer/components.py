@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from hopperjax.config import Config, ConfigError
 from hopperjax.data import Datasets, build_datasets
+from hopperjax.memory import offload
 from hopperjax.models import build_model
 from hopperjax.observe import flops
 from hopperjax.optim import build_optimizer
@@ -114,12 +115,18 @@ class Components:
         stack.enter_context(jax.default_matmul_precision(self.policy.matmul_precision))
         return stack
 
-    def lower_train_step(self) -> jax.stages.Lowered:
-        """The train step lowered for the configured batch (compile-only tools start here)."""
+    def trace_train_step(self) -> jax.stages.Traced:
+        """The train step traced for the configured batch: its jaxpr, not yet lowered."""
         with self._tracing():
-            return self.train_step.lower(
+            return self.train_step.trace(
                 self.abstract_state, self.batch_spec(self.config.train.batch_size)
             )
+
+    def lower_train_step(self, traced: jax.stages.Traced | None = None) -> jax.stages.Lowered:
+        """The train step lowered for the configured batch (compile-only tools start here)."""
+        traced = traced or self.trace_train_step()
+        with self._tracing():
+            return traced.lower()
 
     def lower_eval_step(self) -> jax.stages.Lowered:
         train = self.config.train
@@ -147,6 +154,13 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
     for key, size in (("train.batch_size", t.batch_size), ("train.eval_batch_size", eval_batch)):
         if size % ways:
             raise ConfigError(key, f"{size} is not divisible by the data*fsdp mesh axes ({ways})")
+    if (t.batch_size // t.microbatches) % ways:
+        raise ConfigError(
+            "train.microbatches",
+            f"a microbatch of {t.batch_size // t.microbatches} rows is not divisible by the "
+            f"data*fsdp mesh axes ({ways})",
+        )
+    offload.check_host_memory(mesh.devices.flat, config.offload, config.remat)
     batch_sharding = logical_sharding(mesh, ("batch", "length"))
     # Processes read disjoint examples unless their devices hold the same batch rows.
     block, blocks = process_batch_shard(batch_sharding, t.batch_size)
@@ -158,7 +172,7 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         )
     policy = policy_from_config(config)
     check_backend(policy)
-    model = build_model(config.model, policy)
+    model = build_model(config.model, policy, config.remat)
     tx, schedule = build_optimizer(
         config.optim, total_steps=t.steps, global_batch_size=t.batch_size
     )
@@ -167,6 +181,13 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
     abstract, shardings = state_shardings(
         model, tx, mesh, seed=config.seed, example_tokens=example, loss_scale=loss_scale
     )
+    offloaded = offload.offloaded_fields(config.offload)
+    fetch = offload.make_fetch(shardings, offloaded)
+    if offloaded:
+        shardings = offload.with_memory_kind(shardings, offloaded, offload.HOST_MEMORY)
+        abstract = jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
+        )
     train_step, eval_step = jit_steps(
         model=model,
         tx=tx,
@@ -174,6 +195,8 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         state_shardings=shardings,
         batch_sharding=batch_sharding,
         loss_scale=config.loss_scale if policy.loss_scaling else None,
+        microbatches=t.microbatches,
+        fetch=fetch,
     )
     return Components(
         config=config,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -18,6 +19,7 @@ from hopperjax.trainer.state import TrainState
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
+Fetch = Callable[[TrainState, str], Any]
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -37,6 +39,8 @@ def train_step(
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
     loss_scale: LossScaleConfig | None = None,
+    microbatches: int = 1,
+    fetch: Fetch | None = None,
 ) -> tuple[TrainState, Metrics]:
     """One optimizer update on one global batch.
 
@@ -44,34 +48,52 @@ def train_step(
       state: the current train state.
       batch: ``inputs`` and ``targets``, each [batch, length] int32.
       loss_scale: growth settings when ``state.loss_scale`` is set (dynamic loss scaling).
+      microbatches: K > 1 runs the batch as K microbatches in a loop and accumulates their fp32
+        gradients into the one update (the same update, a K-th of the activation memory).
+      fetch: ``fetch(state, field)`` copies a host-offloaded state field to the device
+        (``memory/offload.py``); None when nothing is offloaded.
 
     Returns:
       (new state, scalar metrics: loss, lr, grad_norm, param_norm, update_norm, and
       loss_scale / skipped / skipped_total with loss scaling).
     """
-    dropout_key = jax.random.fold_in(state.rng, state.step)
+    offloading = fetch is not None
+    fetch = fetch or (lambda s, field: getattr(s, field))
+    step_key = jax.random.fold_in(state.rng, state.step)
     scale = state.loss_scale.scale if state.loss_scale is not None else None
+    params = fetch(state, "params")
 
-    def loss_fn(params: Any, fp8: Any) -> tuple[jax.Array, jax.Array]:
+    def loss_fn(params: Any, fp8: Any, batch: Batch, key: jax.Array) -> tuple[jax.Array, Any]:
         logits = model.apply(
-            fp8_lib.merge(params, fp8),
-            batch["inputs"],
-            deterministic=False,
-            rngs={"dropout": dropout_key},
+            fp8_lib.merge(params, fp8), batch["inputs"], deterministic=False, rngs={"dropout": key}
         )
         loss = cross_entropy(logits, batch["targets"]).mean()
-        return (loss * scale if scale is not None else loss), loss
+        # A microbatch's loss counts 1/K of the batch's, so its gradients (and the gradient
+        # amaxes FP8 records) are its true share of the full-batch gradient.
+        weighted = loss / microbatches if microbatches > 1 else loss
+        return (weighted * scale if scale is not None else weighted), loss
 
     # FP8 scales and amax histories are differentiated too: their "gradients" are their updated
     # values (Flax's overwrite-with-gradient convention), taken as is, never given to the optimizer.
-    (_, loss), (grads, new_fp8) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
-        state.params, state.fp8
-    )
+    grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
+    if microbatches == 1:
+        (_, loss), (grads, new_fp8) = grad_fn(params, state.fp8, batch, step_key)
+    else:
+        loss, grads, new_fp8 = _accumulate(
+            grad_fn, params, state.fp8, batch, step_key, microbatches
+        )
     if state.loss_scale is not None:
         grads = loss_scale_lib.unscale(grads, state.loss_scale)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state, fp8=new_fp8)
+    opt_state = state.opt_state
+    if offloading:
+        # The barrier makes the optimizer state's copy from host memory wait for the gradients,
+        # so it does not sit in device memory next to the activations.
+        grads, opt_state = jax.lax.optimization_barrier((grads, opt_state))
+    old = state.replace(step=state.step + 1, params=params)
+    old = old.replace(opt_state=fetch(old.replace(opt_state=opt_state), "opt_state"))
+    updates, opt_state = tx.update(grads, old.opt_state, params)
+    params = optax.apply_updates(params, updates)
+    new_state = old.replace(params=params, opt_state=opt_state, fp8=new_fp8)
     metrics = {
         "loss": loss,
         "lr": schedule(state.step),
@@ -83,7 +105,7 @@ def train_step(
         # Non-finite gradients anywhere (a global reduction, so all devices agree): keep the old
         # params, optimizer and FP8 state, shrink the scale. The step counter still advances.
         finite = loss_scale_lib.all_finite(grads)
-        kept = loss_scale_lib.select(finite, new_state, state.replace(step=state.step + 1))
+        kept = loss_scale_lib.select(finite, new_state, old)
         new_state = kept.replace(
             loss_scale=loss_scale_lib.adjust(
                 state.loss_scale,
@@ -98,11 +120,58 @@ def train_step(
     return new_state, metrics
 
 
-def eval_step(state: TrainState, batch: Batch, *, model: nn.Module) -> Metrics:
-    """Sums over one batch (so means over many batches are exact): loss_sum, correct, tokens."""
-    logits = model.apply(
-        fp8_lib.merge(state.params, state.fp8), batch["inputs"], deterministic=True
+def split_microbatches(batch: Batch, microbatches: int) -> Batch:
+    """[B, ...] -> [K, B/K, ...] where microbatch k holds rows k, k+K, k+2K, ...
+
+    Strided rather than contiguous so that every microbatch is spread over all the devices that
+    share the batch axis: each device splits its own rows, no data moves.
+    """
+
+    def split(x: jax.Array) -> jax.Array:
+        rows = x.shape[0] // microbatches
+        x = x.reshape(rows, microbatches, *x.shape[1:]).swapaxes(0, 1)
+        return nn.with_logical_constraint(x, (None, "batch") + (None,) * (x.ndim - 2))
+
+    return jax.tree.map(split, batch)
+
+
+def _accumulate(
+    grad_fn: Any, params: Any, fp8: Any, batch: Batch, key: jax.Array, microbatches: int
+) -> tuple[jax.Array, Any, Any]:
+    """Mean loss and gradients over K microbatches, run one after another in a scan.
+
+    ``grad_fn`` weights each microbatch's loss by 1/K, so the summed gradients are the
+    full-batch gradients. They are summed in fp32 whatever the parameter dtype. FP8 meta is
+    combined with a max, not a sum: every microbatch starts from the same amax history, so the
+    elementwise max of their updated histories is the history the full batch would have produced
+    (and the scales, computed from the old history, agree).
+    """
+    parts = split_microbatches(batch, microbatches)
+
+    def body(carry: tuple[Any, Any, jax.Array], xs: tuple[Batch, jax.Array]):
+        grad_sum, fp8_max, loss_sum = carry
+        micro, index = xs
+        (_, loss), (grads, new_fp8) = grad_fn(params, fp8, micro, jax.random.fold_in(key, index))
+        grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
+        fp8_max = jax.tree.map(jnp.maximum, fp8_max, new_fp8)
+        return (grad_sum, fp8_max, loss_sum + loss), None
+
+    init = (
+        jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params),
+        jax.tree.map(lambda x: jnp.full(x.shape, -jnp.inf, x.dtype), fp8),
+        jnp.zeros((), jnp.float32),
     )
+    (grad_sum, new_fp8, loss_sum), _ = jax.lax.scan(body, init, (parts, jnp.arange(microbatches)))
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grad_sum, params)
+    return loss_sum / microbatches, grads, new_fp8
+
+
+def eval_step(
+    state: TrainState, batch: Batch, *, model: nn.Module, fetch: Fetch | None = None
+) -> Metrics:
+    """Sums over one batch (so means over many batches are exact): loss_sum, correct, tokens."""
+    params = fetch(state, "params") if fetch is not None else state.params
+    logits = model.apply(fp8_lib.merge(params, state.fp8), batch["inputs"], deterministic=True)
     loss = cross_entropy(logits, batch["targets"])
     correct = jnp.argmax(logits, axis=-1) == batch["targets"]
     return {
@@ -120,21 +189,33 @@ def jit_steps(
     state_shardings: Any,
     batch_sharding: NamedSharding,
     loss_scale: LossScaleConfig | None = None,
+    microbatches: int = 1,
+    fetch: Fetch | None = None,
 ) -> tuple[Any, Any]:
     """The jitted train and eval steps with explicit shardings; the train step donates its state.
+
+    ``state_shardings`` may put state fields in host memory; ``fetch`` then brings them over.
 
     Returns:
       (train_step(state, batch) -> (state, metrics), eval_step(state, batch) -> metrics)
     """
     replicated = NamedSharding(batch_sharding.mesh, PartitionSpec())
     train = jax.jit(
-        functools.partial(train_step, model=model, tx=tx, schedule=schedule, loss_scale=loss_scale),
+        functools.partial(
+            train_step,
+            model=model,
+            tx=tx,
+            schedule=schedule,
+            loss_scale=loss_scale,
+            microbatches=microbatches,
+            fetch=fetch,
+        ),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
     evaluate = jax.jit(
-        functools.partial(eval_step, model=model),
+        functools.partial(eval_step, model=model, fetch=fetch),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=replicated,
     )

@@ -1,0 +1,12 @@
+"""Memory: activation remat policies, host offload, and the compile-only batch finder."""
+
+from hopperjax.memory.offload import HOST_MEMORY, check_host_memory, state_bytes_by_memory
+from hopperjax.memory.remat import checkpoint_policy, remat_block
+
+__all__ = [
+    "HOST_MEMORY",
+    "check_host_memory",
+    "checkpoint_policy",
+    "remat_block",
+    "state_bytes_by_memory",
+]

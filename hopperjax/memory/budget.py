@@ -1,0 +1,280 @@
+"""Device memory of a compiled step, and the largest batch that fits a budget, without running.
+
+Every probe builds the run's components for one batch size, compiles the train step and reads
+XLA's memory analysis: arguments + outputs + temporaries - donated (aliased) buffers is what the
+step needs on each device at its peak. The search runs over multiples of the smallest legal batch
+(the data*fsdp mesh ways times the microbatch count). Peak memory is close to affine in the
+batch size, so the next probe is the batch that the last two probes' line predicts to fill the
+budget; a bisection fallback keeps the search finite when the line is off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from hopperjax.config import Config, ConfigError
+from hopperjax.observe import hlo as hlo_lib
+from hopperjax.optim import peak_learning_rate
+
+GIB = 2**30
+
+_MEMORY_FIELDS = (
+    "argument",
+    "output",
+    "temp",
+    "alias",
+    "generated_code",
+    "host_argument",
+    "host_output",
+    "host_temp",
+    "host_alias",
+)
+
+
+def compiled_memory(compiled: jax.stages.Compiled) -> dict[str, int]:
+    """XLA's per-device memory analysis as ``{field}_bytes`` plus ``peak_estimate_bytes``.
+
+    Empty when the backend gives no analysis. ``host_*`` fields count pinned-host buffers on
+    backends that place them (GPU, TPU); XLA:CPU keeps everything in one RAM and reports 0.
+    """
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return {}
+    out = {f"{f}_bytes": int(getattr(stats, f"{f}_size_in_bytes", 0) or 0) for f in _MEMORY_FIELDS}
+    out["peak_estimate_bytes"] = (
+        out["argument_bytes"]
+        + out["output_bytes"]
+        + out["temp_bytes"]
+        - out["alias_bytes"]
+        + out["generated_code_bytes"]
+    )
+    return out
+
+
+def device_capacity_bytes(device: jax.Device) -> int | None:
+    """The allocator's limit on ``device`` (HBM times the client's memory fraction), if known."""
+    try:
+        stats = device.memory_stats()
+    except Exception:
+        return None
+    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def default_budget_bytes(device: jax.Device, headroom: float = 0.05) -> int | None:
+    """The device's capacity less ``headroom`` of it, left for fragmentation and the runtime."""
+    capacity = device_capacity_bytes(device)
+    return None if capacity is None else int(capacity * (1.0 - headroom))
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One compiled batch size: its per-device peak bytes and GEMM FLOPs per step."""
+
+    batch_size: int
+    peak_bytes: int
+    flops_per_device: float
+    fits: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSearch:
+    """The result of ``find_largest_batch`` for one remat policy and microbatch count.
+
+    Attributes:
+      batch_size: the largest global batch that fits, or None if even the smallest does not.
+      proven_max: True when ``batch_size + unit`` was compiled and did not fit (not just capped).
+      learning_rate: the peak LR the linear (or configured) scaling rule gives that batch.
+      probes: every compile, in the order they ran.
+    """
+
+    remat: str
+    microbatches: int
+    budget_bytes: int
+    unit: int
+    batch_size: int | None
+    proven_max: bool
+    learning_rate: float | None
+    probes: tuple[Probe, ...]
+
+    @property
+    def best(self) -> Probe | None:
+        fitting = [p for p in self.probes if p.fits]
+        return max(fitting, key=lambda p: p.batch_size) if fitting else None
+
+
+def probe_batch(
+    config: Config, batch_size: int, *, devices: Sequence[jax.Device] | None = None
+) -> tuple[int, float]:
+    """(peak bytes per device, GEMM FLOPs per device) of the train step at ``batch_size``."""
+    from hopperjax.trainer import build_components  # the trainer builds on this package
+
+    sized = config.replace(**{"train.batch_size": batch_size, "train.eval_batch_size": None})
+    parts = build_components(sized, devices=devices)
+    compiled = parts.lower_train_step().compile()
+    memory = compiled_memory(compiled)
+    if not memory:
+        raise ConfigError(
+            "--budget-gb", f"the {jax.default_backend()} backend gives no memory analysis"
+        )
+    gemms, _ = hlo_lib.analyze(compiled.as_text(), num_devices=parts.mesh.size)
+    return memory["peak_estimate_bytes"], float(sum(g.flops for g in gemms))
+
+
+def find_largest_batch(
+    config: Config,
+    *,
+    budget_bytes: int,
+    devices: Sequence[jax.Device] | None = None,
+    max_batch_size: int = 2**20,
+    tolerance: float = 0.0,
+    max_probes: int = 24,
+    probe: Callable[[Config, int], tuple[int, float]] | None = None,
+) -> BatchSearch:
+    """The largest global batch whose compiled train step fits ``budget_bytes`` per device.
+
+    Args:
+      config: the run; its remat policy, microbatch count, mesh and model are kept.
+      budget_bytes: device memory the step may use at its peak.
+      max_batch_size: stop growing here (the result is then not proven maximal).
+      tolerance: stop once the gap between the largest fit and the smallest miss is at most this
+        fraction of the fit (0: exact to one unit; 0.05 saves compiles on big models).
+      probe: ``probe(config, batch_size) -> (peak_bytes, flops)``; compiles by default.
+    """
+    from hopperjax.parallel import batch_axis_size, build_mesh
+
+    unit = batch_axis_size(build_mesh(config.mesh, devices)) * config.train.microbatches
+    run = probe or (lambda c, b: probe_batch(c, b, devices=devices))
+    max_n = max(1, max_batch_size // unit)
+    probes: dict[int, Probe] = {}
+
+    def fits(n: int) -> bool:
+        peak, flops = run(config, n * unit)
+        probes[n] = Probe(n * unit, int(peak), flops, peak <= budget_bytes)
+        return probes[n].fits
+
+    def result(lo: int | None, hi: int | None) -> BatchSearch:
+        batch = None if lo is None else lo * unit
+        return BatchSearch(
+            remat=config.remat.policy,
+            microbatches=config.train.microbatches,
+            budget_bytes=budget_bytes,
+            unit=unit,
+            batch_size=batch,
+            proven_max=hi == (lo or 0) + 1,
+            learning_rate=None if batch is None else peak_learning_rate(config.optim, batch),
+            probes=tuple(probes.values()),
+        )
+
+    if not fits(1):
+        return result(None, 1)
+    lo, hi = 1, None
+    sides: list[bool] = []  # fit / miss of each probe after the first
+    while len(probes) < max_probes:
+        if hi is None and lo >= max_n:
+            break
+        if hi is not None and (hi - lo <= 1 or hi - lo <= tolerance * lo):
+            break
+        if hi is None:
+            # Grow: aim where the line through the two largest fits meets the budget.
+            fitting = sorted(n for n, p in probes.items() if p.fits)
+            guess = None
+            if len(fitting) >= 2:
+                guess = _affine_guess(probes[fitting[-2]], probes[fitting[-1]], budget_bytes, unit)
+            n = min(max(guess or 2 * lo, lo + 1), max_n)
+        elif len(sides) >= 2 and sides[-1] == sides[-2]:
+            n = (lo + hi) // 2  # the line keeps landing on one side: bisect once
+        else:
+            guess = _affine_guess(probes[lo], probes[hi], budget_bytes, unit)
+            n = (lo + hi) // 2 if guess is None else guess
+        n = min(max(n, lo + 1), hi - 1) if hi is not None else n
+        ok = fits(n)
+        sides.append(ok)
+        if ok:
+            lo = n
+        else:
+            hi = n
+    return result(lo, hi)
+
+
+def _affine_guess(a: Probe, b: Probe, budget_bytes: int, unit: int) -> int | None:
+    """The largest n whose batch n * unit the line through probes a and b keeps in the budget."""
+    if b.batch_size == a.batch_size or b.peak_bytes == a.peak_bytes:
+        return None
+    slope = (b.peak_bytes - a.peak_bytes) / (b.batch_size - a.batch_size)
+    if slope <= 0:
+        return None
+    return math.floor((a.batch_size + (budget_bytes - a.peak_bytes) / slope) / unit)
+
+
+def search_table(
+    searches: Sequence[BatchSearch], model_flops_per_device: Callable[[int], float]
+) -> str:
+    """A markdown table: policy, microbatches, largest batch, peak, FLOPs, recompute, LR.
+
+    ``model_flops_per_device(batch)``: the model's own FLOPs per step and device at that batch;
+    recompute is the compiled GEMM FLOPs over it (> 1: remat recomputes forward GEMMs).
+    """
+    lines = [
+        "| remat | microbatches | largest batch | peak GiB/device | GFLOP/step/device "
+        "| recompute | peak LR | compiles |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in searches:
+        best = s.best
+        if best is None:
+            smallest = s.probes[0]
+            lines.append(
+                f"| {s.remat} | {s.microbatches} | none (batch {smallest.batch_size} needs "
+                f"{smallest.peak_bytes / GIB:.2f} GiB) | | | | | {len(s.probes)} |"
+            )
+            continue
+        marker = "" if s.proven_max else " (cap)"
+        ratio = best.flops_per_device / model_flops_per_device(best.batch_size)
+        lines.append(
+            f"| {s.remat} | {s.microbatches} | {best.batch_size}{marker} | "
+            f"{best.peak_bytes / GIB:.3f} | {best.flops_per_device / 1e9:.2f} | x{ratio:.3f} | "
+            f"{s.learning_rate:.3g} | {len(s.probes)} |"
+        )
+    return "\n".join(lines)
+
+
+def searches_to_json(searches: Sequence[BatchSearch]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(s) for s in searches]
+
+
+def measure_step_seconds(
+    config: Config,
+    *,
+    steps: int = 10,
+    warmup: int = 2,
+    parts: Any = None,
+    compiled: jax.stages.Compiled | None = None,
+) -> float:
+    """Median wall time of the compiled train step on a batch already on the devices.
+
+    ``parts`` / ``compiled``: the run's components and compiled step, when the caller has them.
+    """
+    from hopperjax.trainer import build_components
+
+    parts = parts or build_components(config)
+    compiled = compiled or parts.lower_train_step().compile()
+    shape = (config.train.batch_size, config.data.seq_len)
+    tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, shape, dtype=np.int32)
+    batch = {k: jax.device_put(tokens, parts.batch_sharding) for k in ("inputs", "targets")}
+    state = parts.init_state()
+    times = []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        state, metrics = compiled(state, batch)
+        jax.block_until_ready(metrics)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
