@@ -130,7 +130,7 @@ def _first_steps(configs, batch: dict[str, np.ndarray]):
     results = []
     for p in parts:
         state = jax.tree.map(lambda x: x.copy(), initial)  # the step donates its input
-        placed = {k: jax.device_put(v, p.batch_sharding) for k, v in batch.items()}
+        placed = {k: jax.device_put(v, p.batch_sharding[k]) for k, v in batch.items()}
         results.append(p.train_step(state, placed))
     return start, results
 

@@ -80,7 +80,7 @@ def test_loss_scaling_skips_non_finite_steps_and_grows(tiny_config):
     step = parts.lower_train_step().compile()
     state = parts.init_state()
     batch = {
-        k: jax.device_put(jnp.full((16, 32), 7, jnp.int32), parts.batch_sharding)
+        k: jax.device_put(jnp.full((16, 32), 7, jnp.int32), parts.batch_sharding[k])
         for k in ("inputs", "targets")
     }
     # A scale near the fp32 maximum overflows the scaled loss: every gradient is inf.

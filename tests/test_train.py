@@ -136,7 +136,7 @@ def test_step_compiles_once_and_makes_no_hidden_transfers(tiny_config):
     tx, schedule = hopperjax.build_optimizer(config.optim, total_steps=20, global_batch_size=16)
     batch_sharding = hopperjax.parallel.logical_sharding(mesh, ("batch", "length"))
     tokens = jax.ShapeDtypeStruct((16, 32), jnp.int32, sharding=batch_sharding)
-    state, shardings = hopperjax.create_train_state(model, tx, mesh, seed=0, example_tokens=tokens)
+    state, shardings = hopperjax.create_train_state(model, tx, mesh, seed=0, example_inputs=tokens)
     train_step, _ = hopperjax.jit_steps(
         model=model,
         tx=tx,

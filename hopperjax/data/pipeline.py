@@ -6,7 +6,6 @@ rows; ``DevicePrefetcher`` then assembles the global, sharded ``jax.Array`` on t
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import grain
@@ -15,21 +14,7 @@ from absl import flags
 
 from hopperjax.config import Config, ConfigError
 from hopperjax.data import text
-
-
-@dataclasses.dataclass(frozen=True)
-class Datasets:
-    """Per-process, batched datasets of one run.
-
-    Attributes:
-      train: infinite, shuffled each epoch, batches of ``batch_size / process_count`` rows.
-      eval: one pass over the held-out split, unshuffled, incomplete last batch dropped.
-      vocab_size: tokens the source can emit.
-    """
-
-    train: grain.MapDataset
-    eval: grain.MapDataset
-    vocab_size: int
+from hopperjax.workloads.base import Datasets
 
 
 def _source_bytes(config: Config) -> Any:
@@ -41,14 +26,16 @@ def _source_bytes(config: Config) -> Any:
 def build_datasets(
     config: Config, *, process_index: int | None = None, process_count: int | None = None
 ) -> Datasets:
-    """Builds this process's train and eval datasets.
+    """Builds this process's train and eval datasets, as the run's workload reads them.
 
     Raises:
       ConfigError: the data cannot fill a batch (names the key to change).
     """
+    from hopperjax.workloads import get_workload
+
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
-    data, train = config.data, config.train
+    train = config.train
     eval_batch = train.eval_batch_size or train.batch_size
     for key, size in (
         ("train.batch_size", train.batch_size),
@@ -56,6 +43,15 @@ def build_datasets(
     ):
         if size % process_count:
             raise ConfigError(key, f"{size} is not divisible by {process_count} processes")
+    return get_workload(config).build_datasets(
+        config, process_index=process_index, process_count=process_count
+    )
+
+
+def build_text_datasets(config: Config, *, process_index: int, process_count: int) -> Datasets:
+    """Byte windows of a text file (or the embedded corpus) for language modeling."""
+    data, train = config.data, config.train
+    eval_batch = train.eval_batch_size or train.batch_size
 
     source = _source_bytes(config)
     n = text.byte_length(source)

@@ -21,17 +21,25 @@ _DONE = object()
 
 
 def to_global_batch(
-    local_batch: dict[str, np.ndarray], sharding: Sharding, *, blocks: int = 1
+    local_batch: dict[str, np.ndarray],
+    sharding: Sharding | dict[str, Sharding],
+    *,
+    blocks: int = 1,
 ) -> dict[str, jax.Array]:
     """This process's rows -> one global ``jax.Array`` per field, laid out by ``sharding``.
 
     Args:
       local_batch: this process's block of rows, each field [rows, ...].
+      sharding: one sharding for every field, or one per field.
       blocks: how many such blocks the global batch has (``process_batch_shard``); processes
         holding the same block pass the same rows.
     """
     return {
-        k: jax.make_array_from_process_local_data(sharding, v, (v.shape[0] * blocks, *v.shape[1:]))
+        k: jax.make_array_from_process_local_data(
+            sharding[k] if isinstance(sharding, dict) else sharding,
+            v,
+            (v.shape[0] * blocks, *v.shape[1:]),
+        )
         for k, v in local_batch.items()
     }
 

@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from hopperjax.config import Config, ConfigError
 from hopperjax.observe import hlo as hlo_lib
@@ -262,13 +261,13 @@ def measure_step_seconds(
 
     ``parts`` / ``compiled``: the run's components and compiled step, when the caller has them.
     """
+    from hopperjax.data import to_global_batch
     from hopperjax.trainer import build_components
 
     parts = parts or build_components(config)
     compiled = compiled or parts.lower_train_step().compile()
-    shape = (config.train.batch_size, config.data.seq_len)
-    tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, shape, dtype=np.int32)
-    batch = {k: jax.device_put(tokens, parts.batch_sharding) for k in ("inputs", "targets")}
+    local = next(iter(parts.datasets.train))  # one real batch, reused: the input is not timed
+    batch = to_global_batch(local, parts.batch_sharding, blocks=parts.batch_blocks)
     state = parts.init_state()
     times = []
     for i in range(warmup + steps):

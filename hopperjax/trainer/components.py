@@ -14,7 +14,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding
 
@@ -35,6 +34,7 @@ from hopperjax.precision import PEAK_DTYPE, Policy, policy_from_config
 from hopperjax.precision.fp8 import check_backend
 from hopperjax.trainer.state import TrainState, create_train_state, state_shardings
 from hopperjax.trainer.step import jit_steps
+from hopperjax.workloads import Workload, get_workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Components:
     Attributes:
       abstract_state: the TrainState as ``jax.ShapeDtypeStruct`` leaves carrying their shardings.
       state_shardings: the NamedSharding tree of the TrainState.
-      batch_sharding: layout of every [batch, length] input field.
+      batch_sharding: the NamedSharding of every batch field (a dict like the batch).
       batch_blocks: row blocks of a global batch; this process reads one (``datasets``).
       train_step, eval_step: the jitted (not yet compiled) steps from ``jit_steps``.
     """
@@ -57,23 +57,24 @@ class Components:
     datasets: Datasets
     abstract_state: TrainState
     state_shardings: Any
-    batch_sharding: NamedSharding
+    batch_sharding: dict[str, NamedSharding]
     batch_blocks: int
     train_step: Any
     eval_step: Any
+    workload: Workload
 
     def batch_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
         """Shape, dtype and sharding of one global batch of ``batch_size`` rows."""
-        tokens = jax.ShapeDtypeStruct(
-            (batch_size, self.config.data.seq_len), jnp.int32, sharding=self.batch_sharding
-        )
-        return {"inputs": tokens, "targets": tokens}
+        fields = self.workload.batch_fields(self.config, batch_size, self.datasets)
+        return {
+            name: jax.ShapeDtypeStruct(f.shape, f.dtype, sharding=self.batch_sharding[name])
+            for name, f in fields.items()
+        }
 
     @property
-    def model_flops_per_step(self) -> int:
-        t = self.config.train
-        return flops.gpt_train_flops_per_step(
-            self.config.model, batch_size=t.batch_size, seq_len=self.config.data.seq_len
+    def model_flops_per_step(self) -> float:
+        return self.workload.model_flops_per_step(
+            self.config, self.config.train.batch_size, self.datasets
         )
 
     @functools.cached_property
@@ -87,7 +88,7 @@ class Components:
     def throughput(self) -> flops.Throughput:
         t = self.config.train
         return flops.Throughput(
-            tokens_per_step=t.batch_size * self.config.data.seq_len,
+            tokens_per_step=t.batch_size * self.workload.examples_per_batch_row(self.config),
             model_flops_per_step=self.model_flops_per_step,
             num_devices=self.mesh.size,
             peak_tflops_per_device=self._peak[0],
@@ -102,11 +103,15 @@ class Components:
             self.tx,
             self.mesh,
             seed=self.config.seed,
-            example_tokens=self.batch_spec(self.config.train.batch_size)["inputs"],
+            example_inputs=self._example_inputs(),
             shardings=self.state_shardings,
             loss_scale=initial_loss_scale(self.config, self.policy),
         )
         return state
+
+    def _example_inputs(self) -> tuple[Any, ...]:
+        spec = self.batch_spec(self.config.train.batch_size)
+        return tuple(self.workload.model_inputs(spec))
 
     def _tracing(self) -> contextlib.ExitStack:
         """Mesh, rules and the policy's matmul precision in scope while tracing a step."""
@@ -161,11 +166,18 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
             f"data*fsdp mesh axes ({ways})",
         )
     offload.check_host_memory(mesh.devices.flat, config.offload, config.remat)
-    batch_sharding = logical_sharding(mesh, ("batch", "length"))
+    workload = get_workload(config)
+    if t.microbatches > 1 and config.model.kind == "dta":
+        raise ConfigError(
+            "train.microbatches",
+            "not supported by model.kind=dta: its batches share deduplicated drug/protein tables",
+        )
     # Processes read disjoint examples unless their devices hold the same batch rows.
-    block, blocks = process_batch_shard(batch_sharding, t.batch_size)
+    block, blocks = process_batch_shard(logical_sharding(mesh, ("batch",)), t.batch_size)
     datasets = build_datasets(config, process_index=block, process_count=blocks)
-    if datasets.vocab_size > config.model.vocab_size:
+    fields = workload.batch_fields(config, t.batch_size, datasets)
+    batch_sharding = {name: logical_sharding(mesh, f.axes) for name, f in fields.items()}
+    if config.model.kind == "gpt" and datasets.vocab_size > config.model.vocab_size:
         raise ConfigError(
             "model.vocab_size",
             f"the data emits {datasets.vocab_size} token ids, got {config.model.vocab_size}",
@@ -176,10 +188,14 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
     tx, schedule = build_optimizer(
         config.optim, total_steps=t.steps, global_batch_size=t.batch_size
     )
-    example = jax.ShapeDtypeStruct((t.batch_size, config.data.seq_len), jnp.int32)
+    example = tuple(
+        workload.model_inputs(
+            {name: jax.ShapeDtypeStruct(f.shape, f.dtype) for name, f in fields.items()}
+        )
+    )
     loss_scale = initial_loss_scale(config, policy)
     abstract, shardings = state_shardings(
-        model, tx, mesh, seed=config.seed, example_tokens=example, loss_scale=loss_scale
+        model, tx, mesh, seed=config.seed, example_inputs=example, loss_scale=loss_scale
     )
     offloaded = offload.offloaded_fields(config.offload)
     fetch = offload.make_fetch(shardings, offloaded)
@@ -194,6 +210,7 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         schedule=schedule,
         state_shardings=shardings,
         batch_sharding=batch_sharding,
+        workload=workload,
         loss_scale=config.loss_scale if policy.loss_scaling else None,
         microbatches=t.microbatches,
         fetch=fetch,
@@ -211,4 +228,5 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         batch_blocks=blocks,
         train_step=train_step,
         eval_step=eval_step,
+        workload=workload,
     )

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import yaml
 
@@ -135,7 +134,7 @@ def _summarize(
 
 
 def _evaluate(eval_step: Any, state: TrainState, parts: Components) -> dict[str, float]:
-    """Mean loss and next-token accuracy over ``train.eval_batches`` batches (default: all)."""
+    """The workload's eval metrics over ``train.eval_batches`` batches (default: all)."""
     limit = parts.config.train.eval_batches
     batches = DevicePrefetcher(
         iter(parts.datasets.eval),
@@ -143,22 +142,16 @@ def _evaluate(eval_step: Any, state: TrainState, parts: Components) -> dict[str,
         parts.config.data.device_prefetch,
         blocks=parts.batch_blocks,
     )
-    totals = None
+    outputs = []
     try:
         for i, batch in enumerate(batches):
             if limit is not None and i >= limit:
                 break
-            sums = eval_step(state, batch)
-            totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+            outputs.append(eval_step(state, batch))
     finally:
         batches.close()
-    totals = jax.device_get(totals)
-    loss = float(totals["loss_sum"] / totals["tokens"])
-    return {
-        "eval_loss": loss,
-        "eval_accuracy": float(totals["correct"] / totals["tokens"]),
-        "eval_perplexity": math.exp(min(loss, 50.0)),
-    }
+    # One transfer for the whole evaluation, not one per batch.
+    return parts.workload.summarize(jax.device_get(outputs))
 
 
 @contextlib.contextmanager

@@ -37,18 +37,23 @@ class TrainState:
     loss_scale: LossScaleState | None = None
 
 
+def _zero_inputs(example: Any) -> tuple[Any, ...]:
+    """Zeros shaped like ``example``: one ShapeDtypeStruct (tokens) or a tuple of input trees."""
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), example)
+    return zeros if isinstance(zeros, tuple) else (zeros,)
+
+
 def _init_boxed(
     model: nn.Module,
     tx: optax.GradientTransformation,
     seed: int,
-    example_tokens: jax.ShapeDtypeStruct,
+    example_inputs: Any,
     loss_scale: float | None,
 ) -> TrainState:
     """Initializes a state whose leaves still carry logical-axis metadata (``nn.Partitioned``)."""
     root = jax.random.PRNGKey(seed)
     init_key, train_key = jax.random.split(root)
-    tokens = jnp.zeros(example_tokens.shape, example_tokens.dtype)
-    variables = model.init(init_key, tokens)
+    variables = model.init(init_key, *_zero_inputs(example_inputs))
     params = variables["params"]
     return TrainState(
         step=jnp.zeros((), jnp.int32),
@@ -66,7 +71,7 @@ def state_shardings(
     mesh: Mesh,
     *,
     seed: int,
-    example_tokens: jax.ShapeDtypeStruct,
+    example_inputs: Any,
     loss_scale: float | None = None,
 ) -> tuple[Any, Any]:
     """Shapes before arrays: abstract state and its NamedShardings from the logical-axis rules.
@@ -74,7 +79,7 @@ def state_shardings(
     Returns:
       (abstract state of ``jax.ShapeDtypeStruct`` with shardings attached, sharding tree).
     """
-    boxed = jax.eval_shape(lambda: _init_boxed(model, tx, seed, example_tokens, loss_scale))
+    boxed = jax.eval_shape(lambda: _init_boxed(model, tx, seed, example_inputs, loss_scale))
     logical_specs = nn.get_partition_spec(boxed)
     shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
     abstract = jax.tree.map(
@@ -91,14 +96,15 @@ def create_train_state(
     mesh: Mesh,
     *,
     seed: int,
-    example_tokens: jax.ShapeDtypeStruct,
+    example_inputs: Any,
     shardings: Any = None,
     loss_scale: float | None = None,
 ) -> tuple[TrainState, Any]:
     """Creates the initial state already sharded: each device computes only its own shards.
 
     Args:
-      example_tokens: shape/dtype of one input batch, e.g. ``ShapeDtypeStruct((B, T), int32)``.
+      example_inputs: shape/dtype of the model's input, e.g. ``ShapeDtypeStruct((B, T), int32)``,
+        or a tuple of such trees for a model with several (or structured) inputs.
       shardings: the state's sharding tree if already derived (``state_shardings``).
       loss_scale: initial loss scale when the policy scales the loss, else None.
 
@@ -107,10 +113,10 @@ def create_train_state(
     """
     if shardings is None:
         _, shardings = state_shardings(
-            model, tx, mesh, seed=seed, example_tokens=example_tokens, loss_scale=loss_scale
+            model, tx, mesh, seed=seed, example_inputs=example_inputs, loss_scale=loss_scale
         )
     init = jax.jit(
-        lambda: nn.meta.unbox(_init_boxed(model, tx, seed, example_tokens, loss_scale)),
+        lambda: nn.meta.unbox(_init_boxed(model, tx, seed, example_inputs, loss_scale)),
         out_shardings=shardings,
     )
     return init(), shardings

@@ -16,19 +16,12 @@ from hopperjax.config import LossScaleConfig
 from hopperjax.precision import fp8 as fp8_lib
 from hopperjax.precision import loss_scale as loss_scale_lib
 from hopperjax.trainer.state import TrainState
+from hopperjax.workloads import LanguageModeling, Workload
+from hopperjax.workloads import cross_entropy as cross_entropy  # re-exported for callers
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
 Fetch = Callable[[TrainState, str], Any]
-
-
-def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """logits: [batch, length, vocab]; targets: [batch, length] -> per-token loss [batch, length].
-
-    Computed in fp32 whatever the compute dtype: log-softmax over a large vocabulary is where
-    low precision hurts first.
-    """
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
 
 
 def train_step(
@@ -38,6 +31,7 @@ def train_step(
     model: nn.Module,
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
+    workload: Workload | None = None,
     loss_scale: LossScaleConfig | None = None,
     microbatches: int = 1,
     fetch: Fetch | None = None,
@@ -46,7 +40,9 @@ def train_step(
 
     Args:
       state: the current train state.
-      batch: ``inputs`` and ``targets``, each [batch, length] int32.
+      batch: the workload's fields (language modeling: ``inputs`` and ``targets``, [batch,
+        length] int32).
+      workload: model inputs and loss (``workloads/``); None is language modeling.
       loss_scale: growth settings when ``state.loss_scale`` is set (dynamic loss scaling).
       microbatches: K > 1 runs the batch as K microbatches in a loop and accumulates their fp32
         gradients into the one update (the same update, a K-th of the activation memory).
@@ -63,11 +59,16 @@ def train_step(
     scale = state.loss_scale.scale if state.loss_scale is not None else None
     params = fetch(state, "params")
 
+    workload = workload or LanguageModeling()
+
     def loss_fn(params: Any, fp8: Any, batch: Batch, key: jax.Array) -> tuple[jax.Array, Any]:
-        logits = model.apply(
-            fp8_lib.merge(params, fp8), batch["inputs"], deterministic=False, rngs={"dropout": key}
+        outputs = model.apply(
+            fp8_lib.merge(params, fp8),
+            *workload.model_inputs(batch),
+            deterministic=False,
+            rngs={"dropout": key},
         )
-        loss = cross_entropy(logits, batch["targets"]).mean()
+        loss = workload.loss(outputs, batch)
         # A microbatch's loss counts 1/K of the batch's, so its gradients (and the gradient
         # amaxes FP8 records) are its true share of the full-batch gradient.
         weighted = loss / microbatches if microbatches > 1 else loss
@@ -167,18 +168,20 @@ def _accumulate(
 
 
 def eval_step(
-    state: TrainState, batch: Batch, *, model: nn.Module, fetch: Fetch | None = None
+    state: TrainState,
+    batch: Batch,
+    *,
+    model: nn.Module,
+    workload: Workload | None = None,
+    fetch: Fetch | None = None,
 ) -> Metrics:
-    """Sums over one batch (so means over many batches are exact): loss_sum, correct, tokens."""
+    """The workload's eval outputs of one batch (LM: loss_sum, correct, tokens)."""
+    workload = workload or LanguageModeling()
     params = fetch(state, "params") if fetch is not None else state.params
-    logits = model.apply(fp8_lib.merge(params, state.fp8), batch["inputs"], deterministic=True)
-    loss = cross_entropy(logits, batch["targets"])
-    correct = jnp.argmax(logits, axis=-1) == batch["targets"]
-    return {
-        "loss_sum": loss.sum(),
-        "correct": correct.sum().astype(jnp.float32),
-        "tokens": jnp.asarray(loss.size, jnp.float32),
-    }
+    outputs = model.apply(
+        fp8_lib.merge(params, state.fp8), *workload.model_inputs(batch), deterministic=True
+    )
+    return workload.eval_outputs(outputs, batch)
 
 
 def jit_steps(
@@ -187,7 +190,8 @@ def jit_steps(
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
     state_shardings: Any,
-    batch_sharding: NamedSharding,
+    batch_sharding: Any,
+    workload: Workload | None = None,
     loss_scale: LossScaleConfig | None = None,
     microbatches: int = 1,
     fetch: Fetch | None = None,
@@ -199,13 +203,14 @@ def jit_steps(
     Returns:
       (train_step(state, batch) -> (state, metrics), eval_step(state, batch) -> metrics)
     """
-    replicated = NamedSharding(batch_sharding.mesh, PartitionSpec())
+    replicated = NamedSharding(jax.tree.leaves(batch_sharding)[0].mesh, PartitionSpec())
     train = jax.jit(
         functools.partial(
             train_step,
             model=model,
             tx=tx,
             schedule=schedule,
+            workload=workload,
             loss_scale=loss_scale,
             microbatches=microbatches,
             fetch=fetch,
@@ -215,7 +220,7 @@ def jit_steps(
         donate_argnums=0,
     )
     evaluate = jax.jit(
-        functools.partial(eval_step, model=model, fetch=fetch),
+        functools.partial(eval_step, model=model, workload=workload, fetch=fetch),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=replicated,
     )
