@@ -28,9 +28,13 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """GPT-style decoder. ``mlp_dim`` None means 4 x ``d_model``."""
+    """GPT-style decoder (``kind: gpt``). ``mlp_dim`` None means 4 x ``d_model``.
 
-    kind: Literal["gpt"] = "gpt"
+    ``kind: dta`` is the drug-target affinity model; its own keys are in the ``dta`` group, and
+    of these only ``dropout``, ``init_std`` and ``norm_eps`` apply to it.
+    """
+
+    kind: Literal["gpt", "dta"] = "gpt"
     vocab_size: int = 256
     d_model: int = 128
     n_layers: int = 4
@@ -49,9 +53,17 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Input pipeline. ``source: embedded`` needs no file: it reads hopperjax's own sources."""
+    """Input pipeline. ``source: embedded`` needs no file: it reads hopperjax's own sources.
 
-    source: Literal["embedded", "text"] = "embedded"
+    Drug-target affinity sources (``model.kind: dta``): ``deepdta`` (a DeepDTA directory: JSON
+    ligands and proteins, the affinity matrix ``Y``, ``folds/``), ``dta_csv`` (a CSV/TSV file with
+    columns smiles, sequence, affinity) and ``dta_synthetic`` (generated pairs with a hidden
+    structure, for scale tests). ``valid_fold``: the DeepDTA training fold held out for eval when
+    ``eval_split`` is ``valid``; ``eval_split: test`` evaluates on the test fold instead (report,
+    never select, on it).
+    """
+
+    source: Literal["embedded", "text", "deepdta", "dta_csv", "dta_synthetic"] = "embedded"
     path: str | None = None
     seq_len: int = 128
     eval_fraction: float = 0.1
@@ -59,6 +71,46 @@ class DataConfig:
     workers: int = 0
     worker_buffer_size: int = 4
     device_prefetch: int = 2
+    drug_max_len: int = 85
+    protein_max_len: int = 1200
+    pkd: bool = True
+    unknown_chars: Literal["error", "skip", "unk"] = "error"
+    bad_records: Literal["error", "skip"] = "error"
+    valid_fold: int = 0
+    eval_split: Literal["valid", "test"] = "valid"
+    synthetic_pairs: int = 100_000
+    synthetic_drugs: int = 2_000
+    synthetic_proteins: int = 500
+
+
+@dataclasses.dataclass(frozen=True)
+class DtaConfig:
+    """Drug-target affinity model (``model.kind: dta``, ``models/dta.py``).
+
+    Each encoder is ``cnn`` (DeepDTA: three 1-D convolutions of ``filters``, 2x and 3x channels,
+    ReLU, global max pool) or ``transformer`` (``layers`` pre-norm blocks of width ``d_model`` from
+    the GPT's layer factories, bidirectional with padding masked, mean-pooled). ``protein_pool`` > 1
+    max-pools the protein sequence by that factor after each of the first two convolutions.
+    ``head_dims``: the MLP on the concatenated drug and protein vectors (comma-separated).
+    ``deduplicate``: encode each distinct drug and protein of a batch once and gather per pair.
+    """
+
+    drug_encoder: Literal["cnn", "transformer"] = "cnn"
+    protein_encoder: Literal["cnn", "transformer"] = "cnn"
+    embed_dim: int = 128
+    filters: int = 32
+    drug_kernel: int = 4
+    protein_kernel: int = 8
+    protein_pool: int = 1
+    d_model: int = 128
+    layers: int = 2
+    heads: int = 4
+    head_dims: str = "1024,1024,512"
+    deduplicate: bool = True
+
+    @property
+    def head_sizes(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.head_dims.split(",") if x.strip())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +285,7 @@ class Config:
     seed: int = 0
     precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8"] = "fp32"
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    dta: DtaConfig = dataclasses.field(default_factory=DtaConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
@@ -442,15 +495,33 @@ def validate(config: Config) -> None:
         raise ConfigError("data.workers", f"expected >= 0, got {d.workers}")
     _positive("data.worker_buffer_size", d.worker_buffer_size)
     _positive("data.device_prefetch", d.device_prefetch)
-    if d.source == "text":
+    if d.source in ("text", "dta_csv"):
         if not d.path:
-            raise ConfigError("data.path", "required when data.source is 'text'")
+            raise ConfigError("data.path", f"required when data.source is '{d.source}'")
         if not Path(d.path).is_file():
             raise ConfigError("data.path", f"file not found: {d.path}")
+    elif d.source == "deepdta":
+        if not d.path:
+            raise ConfigError("data.path", "required when data.source is 'deepdta'")
+        if not Path(d.path).is_dir():
+            raise ConfigError("data.path", f"not a DeepDTA directory: {d.path}")
     elif d.path:
         raise ConfigError(
             "data.path", f"not used by data.source '{d.source}'; set data.source=text"
         )
+    dta_sources = ("deepdta", "dta_csv", "dta_synthetic")
+    if (m.kind == "dta") != (d.source in dta_sources):
+        raise ConfigError(
+            "data.source",
+            f"model.kind '{m.kind}' cannot read data.source '{d.source}'"
+            + (f"; use one of {', '.join(dta_sources)}" if m.kind == "dta" else ""),
+        )
+    for key in ("drug_max_len", "protein_max_len", "synthetic_pairs", "synthetic_drugs"):
+        _positive(f"data.{key}", getattr(d, key))
+    _positive("data.synthetic_proteins", d.synthetic_proteins)
+    if not 0 <= d.valid_fold < 5:
+        raise ConfigError("data.valid_fold", f"expected a DeepDTA fold 0..4, got {d.valid_fold}")
+    _validate_dta(config.dta)
 
     for key in (
         "steps",
@@ -553,3 +624,20 @@ def _validate_remat(remat: RematConfig) -> None:
         raise ConfigError(
             "remat.offload_names", f"{', '.join(sorted(both))} also in remat.names; pick one"
         )
+
+
+def _validate_dta(dta: DtaConfig) -> None:
+    for key in ("embed_dim", "filters", "drug_kernel", "protein_kernel", "protein_pool"):
+        _positive(f"dta.{key}", getattr(dta, key))
+    for key in ("d_model", "layers", "heads"):
+        _positive(f"dta.{key}", getattr(dta, key))
+    if dta.d_model % dta.heads:
+        raise ConfigError("dta.heads", f"must divide dta.d_model={dta.d_model}, got {dta.heads}")
+    try:
+        sizes = dta.head_sizes
+    except ValueError:
+        raise ConfigError(
+            "dta.head_dims", f"expected comma-separated integers, got {dta.head_dims!r}"
+        ) from None
+    if not sizes or min(sizes) <= 0:
+        raise ConfigError("dta.head_dims", f"expected positive sizes, got {dta.head_dims!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
@@ -26,10 +27,15 @@ class Block(nn.Module):
     config: ModelConfig
     policy: Policy
     deterministic: bool = True
+    causal: bool = True
 
     @nn.compact
-    def __call__(self, x: jax.Array, _: None = None) -> tuple[jax.Array, None]:
-        """x: [batch, length, embed] -> same; the second input/output is the scan carry slot."""
+    def __call__(self, x: jax.Array, lengths: jax.Array | None = None) -> tuple[jax.Array, None]:
+        """x: [batch, length, embed] -> (same, None) as a scan body.
+
+        ``lengths`` ([batch] valid positions, broadcast to every layer) masks padded keys; the
+        bidirectional encoders of ``models/dta.py`` use it with ``causal=False``.
+        """
         cfg, policy = self.config, self.policy
         heads, head_dim = cfg.n_heads, cfg.d_model // cfg.n_heads
         # GPT-2: residual projections scaled by 1/sqrt(2 * layers) keep the stream's variance flat.
@@ -54,7 +60,8 @@ class Block(nn.Module):
             positions = jnp.arange(x.shape[1])
             q = layers.rope(q, positions, cfg.rope_theta)
             k = layers.rope(k, positions, cfg.rope_theta)
-        attn = checkpoint_name(layers.causal_attention(q, k, v), "attention")  # (B, T, nh, hd)
+        attn = layers.attention(q, k, v, causal=self.causal, lengths=lengths)  # (B, T, nh, hd)
+        attn = checkpoint_name(attn, "attention")
         attn = layers.dense(
             cfg.d_model,
             axes=("heads", "kv", "embed"),
@@ -148,15 +155,7 @@ class GPT(nn.Module):
         x = nn.Dropout(cfg.dropout, deterministic=deterministic)(x)
         x = layers.constrain(x, ("batch", "length", "embed"))
 
-        # Scanning one Block over a stacked "layers" axis keeps compile time flat in depth.
-        blocks = nn.scan(
-            remat_block(Block, self.remat),
-            variable_axes={"params": 0, FP8_COLLECTION: 0},
-            split_rngs={"params": True, "dropout": True},
-            length=cfg.n_layers,
-            metadata_params={nn.PARTITION_NAME: "layers"},
-        )
-        x, _ = blocks(cfg, policy, deterministic, name="blocks")(x, None)
+        x = scanned_blocks(cfg, policy, self.remat, deterministic, causal=True)(x)
 
         x = layers.layer_norm(
             policy=policy, eps=cfg.norm_eps, use_bias=cfg.use_bias, name="final_norm"
@@ -173,3 +172,32 @@ class GPT(nn.Module):
                 name="lm_head",
             )(x)
         return logits.astype(policy.output_dtype)
+
+
+def scanned_blocks(
+    config: ModelConfig,
+    policy: Policy,
+    remat: RematConfig,
+    deterministic: bool,
+    *,
+    causal: bool,
+    name: str = "blocks",
+) -> Callable[..., jax.Array]:
+    """``config.n_layers`` Blocks as one ``nn.scan`` over a stacked "layers" parameter axis.
+
+    Scanning keeps compile time flat in depth; ``remat`` wraps each block. The returned callable
+    takes x [batch, length, embed] and optional ``lengths`` [batch] (padding mask).
+    """
+    blocks = nn.scan(
+        remat_block(Block, remat),
+        variable_axes={"params": 0, FP8_COLLECTION: 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=nn.broadcast,
+        length=config.n_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )(config, policy, deterministic, causal, name=name)
+
+    def run(x: jax.Array, lengths: jax.Array | None = None) -> jax.Array:
+        return blocks(x, lengths)[0]
+
+    return run

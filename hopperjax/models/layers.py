@@ -156,13 +156,27 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Causal softmax attention through ``jax.nn.dot_product_attention``.
+    """Causal softmax attention (see ``attention``). q, k, v: [batch, length, heads, head_dim]."""
+    return attention(q, k, v, causal=True)
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    causal: bool,
+    lengths: jax.Array | None = None,
+) -> jax.Array:
+    """Softmax attention through ``jax.nn.dot_product_attention``.
 
     That call lowers to cuDNN flash attention on Hopper when shapes and dtypes allow, and to an
     XLA softmax (fp32 accumulation) elsewhere.
 
     Args:
       q, k, v: [batch, length, heads, head_dim]
+      causal: each position attends only to itself and earlier ones.
+      lengths: [batch] int32 valid positions per row; keys at or past it are masked (padding).
     Returns:
       [batch, length, heads, head_dim]
     """
@@ -173,4 +187,5 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         # the fp16 policy compute attention in fp32. GPUs keep fp16 (and cuDNN's fused kernel).
         q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
     with jax.named_scope("attention"):
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True).astype(dtype)
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=causal, key_value_seq_lengths=lengths)
+    return out.astype(dtype)

@@ -184,7 +184,7 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         )
     policy = policy_from_config(config)
     check_backend(policy)
-    model = build_model(config.model, policy, config.remat)
+    model = build_model(config.model, policy, config.remat, dta=config.dta)
     tx, schedule = build_optimizer(
         config.optim, total_steps=t.steps, global_batch_size=t.batch_size
     )

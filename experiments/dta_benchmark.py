@@ -1,0 +1,175 @@
+"""DeepDTA's protocol on a DeepDTA-format dataset (Davis by default), scored like the paper.
+
+    python experiments/dta_benchmark.py --data ../shared/data/davis
+        [--config configs/dta_davis.yaml]
+        [--folds 0,1,2,3,4] [--out runs/dta_benchmark] [key=value ...]
+
+For each of the 5 training folds held out as validation: train on the other four
+(``hopperjax.train``, evaluating on the held-out fold every ``train.eval_every`` steps and keeping
+a checkpoint at each evaluation), pick the step with the lowest validation MSE, restore it, and
+score it once on the test fold. The test fold never takes part in the choice. Writes
+``table.md`` (mean +- std of test MSE, CI, rm2, Pearson over the runs, next to DeepDTA's
+published numbers), ``results.json`` and ``scatter.png`` (predicted vs measured pKd of the test
+fold, run 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import hopperjax
+from hopperjax import scoring
+from hopperjax.checkpoint import Checkpointer
+from hopperjax.data import DevicePrefetcher
+from hopperjax.trainer import build_components
+
+PUBLISHED = {  # Davis, setting 1 (see ../shared/data/davis/SOURCE.md)
+    "DeepDTA (CNN/CNN)": {"mse": 0.261, "ci": 0.878, "rm2": 0.630},
+    "KronRLS": {"mse": 0.379, "ci": 0.871, "rm2": 0.407},
+    "SimBoost": {"mse": 0.282, "ci": 0.872, "rm2": 0.644},
+    "GraphDTA GIN": {"mse": 0.229, "ci": 0.893, "rm2": None},
+    "MSGNN-DTA (best listed)": {"mse": 0.195, "ci": 0.906, "rm2": 0.719},
+}
+
+
+def predict(parts, state) -> tuple[np.ndarray, np.ndarray]:
+    """(measured, predicted) affinities of every pair of ``parts``' eval split."""
+    step = parts.lower_eval_step().compile()
+    batches = DevicePrefetcher(iter(parts.datasets.eval), parts.batch_sharding, 2)
+    outputs = [step(state, batch) for batch in batches]
+    joined = {k: np.concatenate([np.asarray(o[k]) for o in jax.device_get(outputs)])
+              for k in outputs[0]}  # fmt: skip
+    keep = joined["weight"] > 0
+    return joined["affinity"][keep], joined["prediction"][keep]
+
+
+def run_fold(config_path: str, overrides: list[str], fold: int, out: Path) -> dict:
+    base = hopperjax.load_config(
+        config_path, [*overrides, f"data.valid_fold={fold}", f"run_dir={out / f'fold{fold}'}"]
+    )
+    t = base.train
+    config = base.replace(
+        **{
+            "train.checkpoint_every": t.eval_every,
+            "train.keep_checkpoints": t.steps // t.eval_every + 2,
+            "data.eval_split": "valid",
+        }
+    )
+    start = time.perf_counter()
+    result = hopperjax.train(config, console=False)
+    train_s = time.perf_counter() - start
+    evals = [r for r in result.history if "eval_mse" in r]
+    best = min(evals, key=lambda r: r["eval_mse"])
+
+    test_parts = build_components(config.replace(**{"data.eval_split": "test"}))
+    checkpointer = Checkpointer(
+        result.run_dir / "checkpoints", every=t.eval_every, keep=10**6, async_save=False
+    )
+    state, _ = checkpointer.restore(best["step"], test_parts.abstract_state)
+    checkpointer.close()
+    measured, predicted = predict(test_parts, state)
+    return {
+        "fold": fold,
+        "best_step": best["step"],
+        "valid": {k[5:]: best[k] for k in ("eval_mse", "eval_ci", "eval_rm2", "eval_pearson")},
+        "test": scoring.regression_scores(measured, predicted),
+        "train_s": train_s,
+        "valid_curve": [(r["step"], r["eval_mse"]) for r in evals],
+        "measured": measured.tolist(),
+        "predicted": predicted.tolist(),
+    }
+
+
+def write_table(runs: list[dict], header: str, path: Path) -> str:
+    def stat(key: str) -> str:
+        values = np.array([r["test"][key] for r in runs])
+        return f"{values.mean():.3f} ± {values.std():.3f}"
+
+    lines = [
+        header,
+        "",
+        "| model | test MSE | test CI | test rm2 | test Pearson |",
+        "|---|---:|---:|---:|---:|",
+        f"| hopperjax ({len(runs)} runs) | {stat('mse')} | {stat('ci')} | {stat('rm2')} | "
+        f"{stat('pearson')} |",
+    ]
+    for name, p in PUBLISHED.items():
+        rm2 = "–" if p["rm2"] is None else f"{p['rm2']:.3f}"
+        lines.append(f"| {name} (published) | {p['mse']:.3f} | {p['ci']:.3f} | {rm2} | – |")
+    lines += [
+        "",
+        "| run (valid fold) | best step | valid MSE | test MSE | test CI | test rm2 | train s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        lines.append(
+            f"| {r['fold']} | {r['best_step']} | {r['valid']['mse']:.3f} | "
+            f"{r['test']['mse']:.3f} | {r['test']['ci']:.3f} | {r['test']['rm2']:.3f} | "
+            f"{r['train_s']:.0f} |"
+        )
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    return text
+
+
+def plot(run: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+        return
+    measured, predicted = np.array(run["measured"]), np.array(run["predicted"])
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.scatter(measured, predicted, s=4, alpha=0.3)
+    lo, hi = min(measured.min(), predicted.min()), max(measured.max(), predicted.max())
+    ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8)
+    ax.set_xlabel("measured pKd")
+    ax.set_ylabel("predicted pKd")
+    t = run["test"]
+    ax.set_title(f"test fold, run {run['fold']}: MSE {t['mse']:.3f}, CI {t['ci']:.3f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data", required=True, help="a DeepDTA-format directory")
+    parser.add_argument("--config", default="configs/dta_davis.yaml")
+    parser.add_argument("--folds", default="0,1,2,3,4")
+    parser.add_argument("--out", default="runs/dta_benchmark")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = [f"data.path={args.data}", *args.overrides]
+    runs = []
+    for fold in (int(f) for f in args.folds.split(",")):
+        runs.append(run_fold(args.config, overrides, fold, out))
+        r = runs[-1]
+        print(f"fold {fold}: best step {r['best_step']}, valid MSE {r['valid']['mse']:.4f}, "
+              f"test MSE {r['test']['mse']:.4f} CI {r['test']['ci']:.4f} "
+              f"rm2 {r['test']['rm2']:.4f} in {r['train_s']:.0f}s", flush=True)  # fmt: skip
+        (out / "results.json").write_text(json.dumps(runs))
+    header = (
+        f"{args.config} {' '.join(overrides)}; {len(runs)} runs on {jax.device_count()} "
+        f"{jax.devices()[0].device_kind} device(s)"
+    )
+    print(write_table(runs, header, out / "table.md"))
+    plot(runs[0], out / "scatter.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
