@@ -26,6 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import plotting
+
 import hopperjax
 from hopperjax import scoring
 from hopperjax.checkpoint import Checkpointer
@@ -122,13 +124,8 @@ def write_table(runs: list[dict], header: str, path: Path) -> str:
 
 
 def plot(run: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    plt = plotting.pyplot()
+    if plt is None:
         return
     measured, predicted = np.array(run["measured"]), np.array(run["predicted"])
     fig, ax = plt.subplots(figsize=(5, 5))

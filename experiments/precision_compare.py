@@ -14,6 +14,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import plotting
+
 import hopperjax
 from hopperjax.inspect import inspect_config
 
@@ -56,13 +58,8 @@ def write_table(rows: list[dict], path: Path) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("plot skipped: matplotlib is not installed (pip install -e '.[tools]')")
+    plt = plotting.pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in rows:

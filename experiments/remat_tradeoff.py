@@ -22,6 +22,8 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import plotting
+
 import hopperjax
 from hopperjax.memory import budget, offload
 from hopperjax.observe import hlo
@@ -76,13 +78,8 @@ def write_table(rows: list[dict], header: str, path: Path) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    plt = plotting.pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:

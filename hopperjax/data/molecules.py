@@ -11,6 +11,7 @@ record, so a bad download fails at load time and not as a NaN loss hours later.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -19,7 +20,7 @@ import os
 import pickle
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -242,15 +243,24 @@ class _JsonObject(list):
     """The (key, value) pairs of one JSON object in file order, duplicates kept to report them."""
 
 
-def _read_json(path: Path):
+@contextlib.contextmanager
+def _file_errors(path: Path) -> Iterator[None]:
+    """Turns the errors of reading a text file into one-line DataErrors naming it."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_JsonObject)
+        yield
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def _read_json(path: Path):
+    with _file_errors(path):
+        text = path.read_text(encoding="utf-8")
+    try:
+        return json.loads(text, object_pairs_hook=_JsonObject)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not JSON (line {e.lineno}: {e.msg})") from None
 
@@ -428,7 +438,7 @@ def load_dta_csv(
     drug_ids, protein_ids, drug_index, protein_index, affinity = [], [], [], [], []
     skipped = 0
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        with _file_errors(path), path.open(newline="", encoding="utf-8") as f:
             reader = csv.reader(f, delimiter=delimiter)
             header = [name.strip().lower() for name in next(reader, [])]
             missing = [name for name in _CSV_COLUMNS if name not in header]
@@ -457,12 +467,6 @@ def load_dta_csv(
                 drug_index.append(drugs[smiles])
                 protein_index.append(proteins[sequence])
                 affinity.append(value)
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except csv.Error as e:
         raise DataError(f"{path}: line {reader.line_num}: {_one_line(e)}") from None
     if not affinity:
@@ -661,8 +665,9 @@ def tokenize_table(
 class PairSource:
     """grain random-access source of single pairs from token tables and pair indices.
 
-    Item ``i``: {"drug": [Ld] int32, "protein": [Lp] int32, "affinity": [] float32}. The token
-    tables hold each molecule once, so the source stays small when grain pickles it to workers.
+    Item ``i``: {"drug": [Ld] int32, "protein": [Lp] int32, "affinity": [] float32}, plus
+    "weight": [] float32 when ``weight`` is given (0 marks padding pairs). The token tables hold
+    each molecule once, so the source stays small when grain pickles it to workers.
     """
 
     def __init__(
@@ -672,24 +677,32 @@ class PairSource:
         drug_index: np.ndarray,
         protein_index: np.ndarray,
         affinity: np.ndarray,
+        weight: np.ndarray | None = None,
     ):
         self._drug_tokens = np.asarray(drug_tokens, np.int32)
         self._protein_tokens = np.asarray(protein_tokens, np.int32)
         self._drug_index = np.asarray(drug_index, np.int64)
         self._protein_index = np.asarray(protein_index, np.int64)
         self._affinity = np.asarray(affinity, np.float32)
-        if not len(self._drug_index) == len(self._protein_index) == len(self._affinity):
-            raise ValueError("drug_index, protein_index and affinity differ in length")
+        self._weight = None if weight is None else np.asarray(weight, np.float32)
+        lengths = {len(self._drug_index), len(self._protein_index), len(self._affinity)}
+        if self._weight is not None:
+            lengths.add(len(self._weight))
+        if len(lengths) != 1:
+            raise ValueError("drug_index, protein_index, affinity and weight differ in length")
 
     def __len__(self) -> int:
         return len(self._affinity)
 
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-        return {
+        item = {
             "drug": self._drug_tokens[self._drug_index[i]],
             "protein": self._protein_tokens[self._protein_index[i]],
             "affinity": self._affinity[i],
         }
+        if self._weight is not None:
+            item["weight"] = self._weight[i]
+        return item
 
 
 def _distinct_rows(rows: np.ndarray, cap: int, what: str) -> tuple[np.ndarray, np.ndarray]:

@@ -70,28 +70,6 @@ def table_rows(local_batch: int, distinct: int, dta: DtaConfig) -> int:
     return -(-rows // TABLE_ROW_MULTIPLE) * TABLE_ROW_MULTIPLE
 
 
-class _Pairs:
-    """grain source: pair ``i`` of a token table, with a weight (0 marks eval padding)."""
-
-    def __init__(self, drug_tokens, protein_tokens, table, indices, weights):
-        self._drug_tokens, self._protein_tokens = drug_tokens, protein_tokens
-        self._drug = table.drug_index[indices]
-        self._protein = table.protein_index[indices]
-        self._affinity = table.affinity[indices].astype(np.float32)
-        self._weight = np.asarray(weights, np.float32)
-
-    def __len__(self) -> int:
-        return len(self._drug)
-
-    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-        return {
-            "drug": self._drug_tokens[self._drug[i]],
-            "protein": self._protein_tokens[self._protein[i]],
-            "affinity": self._affinity[i],
-            "weight": self._weight[i],
-        }
-
-
 def to_model_batch(
     batch: dict[str, np.ndarray], *, drug_rows: int, protein_rows: int, block: int, dedup: bool
 ) -> dict[str, np.ndarray]:
@@ -153,7 +131,14 @@ class AffinityRegression:
                 drug_rows=table_rows(local_batch, len(table.drugs), config.dta),
                 protein_rows=table_rows(local_batch, len(table.proteins), config.dta),
             )
-            source = _Pairs(drug_tokens, protein_tokens, table, indices, weights)
+            source = molecules.PairSource(
+                drug_tokens,
+                protein_tokens,
+                table.drug_index[indices],
+                table.protein_index[indices],
+                table.affinity[indices],
+                weight=weights,
+            )
             convert = functools.partial(
                 to_model_batch, block=process_index, dedup=config.dta.deduplicate, **rows
             )
