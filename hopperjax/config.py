@@ -30,6 +30,9 @@ class ConfigError(ValueError):
 class ModelConfig:
     """GPT-style decoder (``kind: gpt``). ``mlp_dim`` None means 4 x ``d_model``.
 
+    ``scan_unroll``: blocks unrolled per iteration of the layer scan (``n_layers``: no loop left;
+    worth it for small models, whose step time the loop's overhead dominates).
+
     ``kind: dta`` is the drug-target affinity model; its own keys are in the ``dta`` group, and
     of these only ``dropout``, ``init_std`` and ``norm_eps`` apply to it.
     """
@@ -49,6 +52,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     init_std: float = 0.02
+    scan_unroll: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,14 +61,25 @@ class DataConfig:
 
     Drug-target affinity sources (``model.kind: dta``): ``deepdta`` (a DeepDTA directory: JSON
     ligands and proteins, the affinity matrix ``Y``, ``folds/``), ``dta_csv`` (a CSV/TSV file with
-    columns smiles, sequence, affinity) and ``dta_synthetic`` (generated pairs with a hidden
-    structure, for scale tests). ``valid_fold``: the DeepDTA training fold held out for eval when
-    ``eval_split`` is ``valid``; ``eval_split: test`` evaluates on the test fold instead (report,
-    never select, on it).
+    columns smiles, sequence, affinity), ``dta_synthetic`` (generated pairs with a hidden
+    structure, for scale tests) and ``dta_shards`` (a directory of ArrayRecord shards written by
+    ``tools/convert_dta.py`` from any of these; read by grain, with ``workers`` processes).
+    ``valid_fold``: the DeepDTA training fold held out for eval when ``eval_split`` is ``valid``;
+    ``eval_split: test`` evaluates on the test fold instead (report, never select, on it).
+    Text (``embedded``, ``text``): ``tokenizer`` ``bytes`` (256 ids) or ``chars`` (the sorted
+    distinct characters of the text, saved to the run's ``vocab.json``); ``sampling`` ``windows``
+    (seq_len strides, shuffled per epoch) or ``random`` (uniform random offsets with replacement;
+    evaluation then uses ``train.eval_batches`` random batches of the eval split).
+    ``group_by: protein`` (or ``drug``) orders each epoch group by group, in random order, so a
+    batch holds the pairs of a few proteins and the model encodes a few instead of hundreds.
     """
 
-    source: Literal["embedded", "text", "deepdta", "dta_csv", "dta_synthetic"] = "embedded"
+    source: Literal["embedded", "text", "deepdta", "dta_csv", "dta_synthetic", "dta_shards"] = (
+        "embedded"
+    )
     path: str | None = None
+    tokenizer: Literal["bytes", "chars"] = "bytes"
+    sampling: Literal["windows", "random"] = "windows"
     seq_len: int = 128
     eval_fraction: float = 0.1
     shuffle: bool = True
@@ -78,6 +93,7 @@ class DataConfig:
     bad_records: Literal["error", "skip"] = "error"
     valid_fold: int = 0
     eval_split: Literal["valid", "test"] = "valid"
+    group_by: Literal["none", "protein", "drug"] = "none"
     synthetic_pairs: int = 100_000
     synthetic_drugs: int = 2_000
     synthetic_proteins: int = 500
@@ -119,7 +135,10 @@ class TrainConfig:
 
     ``microbatches``: K > 1 splits each global batch into K equal microbatches inside the jitted
     step and accumulates their fp32 gradients into one optimizer update (same update as the full
-    batch; activation memory of one microbatch).
+    batch; activation memory of one microbatch). ``eval_at_start``: also evaluate before the
+    first step of a fresh run (logged as step 0). ``sync_every_step``: wait for each step to
+    finish, as eager frameworks do, and log every step's own time (``step_times_s``); off, the
+    loop keeps up to a few steps in flight and times log windows.
     """
 
     steps: int = 500
@@ -128,6 +147,8 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int | None = None
+    eval_at_start: bool = False
+    sync_every_step: bool = False
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
     async_checkpoint: bool = True
@@ -476,6 +497,7 @@ def validate(config: Config) -> None:
     for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len"):
         _positive(f"model.{key}", getattr(m, key))
     _positive("model.mlp_dim", m.mlp_dim, allow_none=True)
+    _positive("model.scan_unroll", m.scan_unroll)
     if m.d_model % m.n_heads:
         raise ConfigError(
             "model.n_heads", f"must divide model.d_model={m.d_model}, got {m.n_heads}"
@@ -500,16 +522,17 @@ def validate(config: Config) -> None:
             raise ConfigError("data.path", f"required when data.source is '{d.source}'")
         if not Path(d.path).is_file():
             raise ConfigError("data.path", f"file not found: {d.path}")
-    elif d.source == "deepdta":
+    elif d.source in ("deepdta", "dta_shards"):
+        what = "a DeepDTA" if d.source == "deepdta" else "a shard"
         if not d.path:
-            raise ConfigError("data.path", "required when data.source is 'deepdta'")
+            raise ConfigError("data.path", f"required when data.source is '{d.source}'")
         if not Path(d.path).is_dir():
-            raise ConfigError("data.path", f"not a DeepDTA directory: {d.path}")
+            raise ConfigError("data.path", f"not {what} directory: {d.path}")
     elif d.path:
         raise ConfigError(
             "data.path", f"not used by data.source '{d.source}'; set data.source=text"
         )
-    dta_sources = ("deepdta", "dta_csv", "dta_synthetic")
+    dta_sources = ("deepdta", "dta_csv", "dta_synthetic", "dta_shards")
     if (m.kind == "dta") != (d.source in dta_sources):
         raise ConfigError(
             "data.source",
@@ -522,6 +545,15 @@ def validate(config: Config) -> None:
     if not 0 <= d.valid_fold < 5:
         raise ConfigError("data.valid_fold", f"expected a DeepDTA fold 0..4, got {d.valid_fold}")
     _validate_dta(config.dta)
+    if d.group_by != "none" and d.source not in ("deepdta", "dta_csv", "dta_synthetic"):
+        raise ConfigError(
+            "data.group_by",
+            f"needs a pair table in memory (deepdta, dta_csv, dta_synthetic), not '{d.source}'",
+        )
+    if d.sampling == "random" and d.source not in ("embedded", "text"):
+        raise ConfigError("data.sampling", f"random windows are for text, not '{d.source}'")
+    if d.sampling == "random" and config.train.eval_batches is None:
+        raise ConfigError("train.eval_batches", "required with data.sampling=random")
 
     for key in (
         "steps",

@@ -12,9 +12,15 @@ from hopperjax.config import ConfigError, dump_yaml, from_dict, load_config, to_
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_recipe_loads_and_shrinks(path, tmp_path):
     # Recipes on real data name ../shared/data paths; tests never read those, so such a recipe
-    # gets a stand-in directory (loading checks only that the path is one).
-    real_data = "source: deepdta" in path.read_text()
-    config = load_config(path, [*TINY, *([f"data.path={tmp_path}"] if real_data else [])])
+    # gets a stand-in directory or file (loading checks only that the path is one).
+    recipe = path.read_text()
+    stand_in = []
+    if "source: deepdta" in recipe:
+        stand_in = [f"data.path={tmp_path}"]
+    elif "source: text" in recipe:
+        (tmp_path / "input.txt").write_text("stand-in text\n")
+        stand_in = [f"data.path={tmp_path / 'input.txt'}"]
+    config = load_config(path, [*TINY, *stand_in])
     assert config.name == path.stem
     assert config.model.d_model == 32 and config.train.steps == 20
 

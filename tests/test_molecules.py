@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from hopperjax.data import molecules
+from hopperjax.data import dta_shards, molecules
 from hopperjax.data.molecules import DataError, Tokenizer
 
 # Ids in a non-sorted order: the loader must keep the file's order, which indexes Y.
@@ -340,60 +340,91 @@ def test_array_record_shards_round_trip(tmp_path):
         num_drugs=30, num_proteins=10, num_pairs=257, protein_len=(60, 150), seed=1
     )
     source, drug_tok, protein_tok = _pair_source(table)
-    paths = molecules.write_array_record_shards(
+    shards = dta_shards.write_shards(
         table, drug_tok, protein_tok, tmp_path / "shards", num_shards=3
     )
-    assert [os.path.basename(p) for p in paths] == [
+    assert [os.path.basename(p) for p in shards.paths] == [
         f"pairs-0000{k}-of-00003.array_record" for k in range(3)
     ]
-    assert sorted(os.listdir(tmp_path / "shards")) == sorted(map(os.path.basename, paths))
-    shards = molecules.array_record_source(tmp_path / "shards")
-    assert len(shards) == len(source) == 257
+    assert sorted(os.listdir(tmp_path / "shards")) == sorted(
+        [*map(os.path.basename, shards.paths), "dataset.json"]
+    )
+    assert (shards.pairs, shards.drugs, shards.proteins) == (257, 30, 10)
+    assert (shards.drug_max_len, shards.protein_max_len, shards.splits) == (85, 120, None)
+    pairs = dta_shards.ArrayRecordPairs(shards.paths)
+    assert len(pairs) == len(source) == 257
     for i in range(len(source)):
-        want, got = source[i], shards[i]
+        want, got = source[i], pairs[i]
         assert got["drug"].dtype == got["protein"].dtype == np.int32
         assert got["affinity"].dtype == np.float32 and got["affinity"].shape == ()
         for key in want:
             np.testing.assert_array_equal(got[key], want[key])
 
-    batches = grain.MapDataset.source(shards).shuffle(seed=0).batch(16, drop_remainder=True)
+    batches = grain.MapDataset.source(pairs).shuffle(seed=0).batch(16, drop_remainder=True)
     first = batches[0]
     assert first["drug"].shape == (16, 85) and first["protein"].shape == (16, 120)
-    with pytest.raises(DataError, match="no such file"):
-        molecules.array_record_source([tmp_path / "nope.array_record"])
+
+
+def test_shards_keep_the_deepdta_folds_as_record_ranges(tmp_path):
+    root = _write_deepdta(tmp_path / "d")
+    table = molecules.load_deepdta(root)
+    drugs, proteins, table = molecules.tokenize_table(
+        table, Tokenizer(molecules.SMILES_CHARSET, 85), Tokenizer(molecules.PROTEIN_CHARSET, 120)
+    )
+    source = molecules.PairSource(
+        drugs, proteins, table.drug_index, table.protein_index, table.affinity
+    )
+    shards = dta_shards.write_shards(
+        molecules.load_deepdta(root),
+        Tokenizer(molecules.SMILES_CHARSET, 85),
+        Tokenizer(molecules.PROTEIN_CHARSET, 120),
+        tmp_path / "s",
+        num_shards=2,
+    )
+    pairs = dta_shards.ArrayRecordPairs(shards.paths)
+    want_folds = [*table.train_folds, table.test_fold]
+    got_folds = [*shards.train_folds, shards.test_fold]
+    assert [len(f) for f in got_folds] == [len(f) for f in want_folds]
+    for want, got in zip(want_folds, got_folds, strict=True):
+        for w, g in zip(want, got, strict=True):  # the same pairs, fold by fold
+            for key in ("drug", "protein", "affinity"):
+                np.testing.assert_array_equal(pairs[int(g)][key], source[int(w)][key])
 
 
 def test_a_directory_holds_one_complete_shard_set(tmp_path):
     table = molecules.synthetic_dta(num_drugs=5, num_proteins=3, num_pairs=10, seed=0)
     _, drug_tok, protein_tok = _pair_source(table)
     out = tmp_path / "out"
-    molecules.write_array_record_shards(table, drug_tok, protein_tok, out, num_shards=3)
+    dta_shards.write_shards(table, drug_tok, protein_tok, out, num_shards=3)
     # Converting again with another count replaces the set instead of mixing the two.
-    paths = molecules.write_array_record_shards(table, drug_tok, protein_tok, out, num_shards=2)
-    assert sorted(os.listdir(out)) == [os.path.basename(p) for p in paths]
-    assert len(molecules.array_record_source(out)) == 10
+    shards = dta_shards.write_shards(table, drug_tok, protein_tok, out, num_shards=2)
+    assert sorted(os.listdir(out)) == sorted([*map(os.path.basename, shards.paths), "dataset.json"])
+    assert len(dta_shards.ArrayRecordPairs(dta_shards.read_shards(out).paths)) == 10
 
-    (out / "pairs-00000-of-00004.array_record").write_bytes(b"")
-    with pytest.raises(DataError, match=r"out: holds shard sets of \[2, 4\] files"):
-        molecules.array_record_source(out)
-    (out / "pairs-00000-of-00004.array_record").unlink()
-    os.remove(paths[1])
-    with pytest.raises(DataError, match=r"out: shard 1 of 2 is missing"):
-        molecules.array_record_source(out)
+    os.remove(shards.paths[1])
+    with pytest.raises(DataError, match=r"pairs-00001-of-00002.array_record: missing"):
+        dta_shards.read_shards(out)
+    (out / "dataset.json").write_text('{"format": "other"}')
+    with pytest.raises(DataError, match=r"dataset.json: format 'other'"):
+        dta_shards.read_shards(out)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(DataError, match=r"empty: holds no shards"):
-        molecules.array_record_source(tmp_path / "empty")
+    with pytest.raises(DataError, match=r"empty: no dataset.json"):
+        dta_shards.read_shards(tmp_path / "empty")
 
 
-def test_a_failed_shard_write_leaves_no_shard(tmp_path, monkeypatch):
+def test_a_failed_shard_write_leaves_no_dataset(tmp_path, monkeypatch):
     table = molecules.synthetic_dta(num_drugs=5, num_proteins=3, num_pairs=10, seed=0)
     _, drug_tok, protein_tok = _pair_source(table)
-    monkeypatch.setattr(molecules, "_MAGIC", None)  # packing the first record fails
+    out = tmp_path / "out"
+    dta_shards.write_shards(table, drug_tok, protein_tok, out, num_shards=2)
+    monkeypatch.setattr(dta_shards, "_MAGIC", None)  # packing the first record fails
     with pytest.raises(struct.error):
-        molecules.write_array_record_shards(
-            table, drug_tok, protein_tok, tmp_path / "out", num_shards=2
-        )
-    assert os.listdir(tmp_path / "out") == []
+        dta_shards.write_shards(table, drug_tok, protein_tok, out, num_shards=2)
+    # The earlier set is no longer complete, and the failed shard left no file behind.
+    assert "dataset.json" not in os.listdir(out)
+    assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+    with pytest.raises(DataError, match="conversion did not finish"):
+        dta_shards.read_shards(out)
 
 
 def _load_tool():
@@ -411,14 +442,47 @@ def test_convert_dta_cli(tmp_path, capsys):
     out = tmp_path / "shards"
     assert tool.main(["--source", str(root), "--out", str(out), "--shards", "2"]) == 0
     summary = capsys.readouterr().out.strip()
-    assert summary.startswith("wrote 10 pairs (0 skipped)") and "2 shards" in summary
-    shards = molecules.array_record_source(out)
-    assert len(shards) == 10
-    np.testing.assert_allclose(shards[0]["affinity"], 5.0)  # --pkd is DeepDTA's default
+    assert summary.startswith("wrote 10 pairs (0 skipped; DeepDTA folds kept)")
+    assert "2 shards" in summary
+    assert "DeepDTA folds kept" in summary
+    shards = dta_shards.read_shards(out)
+    pairs = dta_shards.ArrayRecordPairs(shards.paths)
+    assert len(pairs) == 10
+    np.testing.assert_allclose(pairs[0]["affinity"], 5.0)  # --pkd is DeepDTA's default
 
-    result = tool.bench(sorted(map(str, out.iterdir())), workers=0, batch_size=4, batches=3)
+    result = tool.bench(shards.paths, workers=0, batch_size=4, batches=3)
     assert result["workers"] == 0 and result["examples_per_s"] > 0
 
     assert tool.main(["--source", str(tmp_path / "none"), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "none: no such file" in err
+
+
+def test_grouped_order_keeps_groups_together_and_bounds_a_batch():
+    rng = np.random.default_rng(0)
+    groups = rng.integers(0, 40, 1000)  # 40 groups of ~25 pairs
+    order = molecules.GroupedOrder(groups, seed=3)
+    n = len(groups)
+    assert len(order) == n * molecules.GroupedOrder.EPOCHS
+    epoch0 = np.array([order[i] for i in range(n)])
+    epoch1 = np.array([order[i] for i in range(n, 2 * n)])
+    # Every epoch visits every pair once, in a new order, group by group.
+    assert sorted(epoch0) == sorted(epoch1) == list(range(n))
+    assert not np.array_equal(epoch0, epoch1)
+    runs = np.count_nonzero(np.diff(groups[epoch0])) + 1
+    assert runs == len(np.unique(groups))
+    # Same seed, same order (workers and resumed iterators rebuild it); another seed differs.
+    again = molecules.GroupedOrder(groups, seed=3)
+    assert [again[i] for i in range(n, n + 50)] == list(epoch1[:50])
+    other = molecules.GroupedOrder(groups, seed=4)
+    assert [other[i] for i in range(50)] != list(epoch0[:50])
+    # No window of a batch, epoch boundaries included, holds more groups than the bound.
+    for batch in (1, 7, 64, 256):
+        bound = order.max_groups_per_batch(batch)
+        stream = groups[np.r_[epoch0, epoch1]]
+        worst = max(len(set(stream[i : i + batch])) for i in range(0, 2 * n - batch, 5))
+        assert worst <= bound < batch or batch == 1
+    sizes = np.sort(np.bincount(groups))
+    assert order.max_groups_per_batch(256) == np.searchsorted(np.cumsum(sizes), 254, "right") + 2
+    with pytest.raises(ValueError, match="no pairs"):
+        molecules.GroupedOrder(np.array([], np.int64), seed=0)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grain
 
 from hopperjax.config import load_config
-from hopperjax.data import make_iterator, molecules
+from hopperjax.data import dta_shards, make_iterator, molecules
 
 
 def load(args: argparse.Namespace) -> molecules.DtaTable:
@@ -45,7 +45,7 @@ def load(args: argparse.Namespace) -> molecules.DtaTable:
 def bench(paths: list[str], *, workers: int, batch_size: int, batches: int) -> dict:
     """Pairs per second through source -> shuffle -> decode -> batch, after the first batch."""
     ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths)).shuffle(seed=0)
-    ds = ds.map(molecules.decode_pair).batch(batch_size, drop_remainder=True).repeat(None)
+    ds = ds.map(dta_shards.decode_pair).batch(batch_size, drop_remainder=True).repeat(None)
     it = make_iterator(ds, load_config(None, [f"data.workers={workers}"]))
     next(it)  # worker start-up is not throughput
     start = time.perf_counter()
@@ -91,18 +91,19 @@ def main(argv: list[str] | None = None) -> int:
         protein_tok = molecules.Tokenizer(
             molecules.PROTEIN_CHARSET, args.protein_max_len, args.unknown
         )
-        paths = molecules.write_array_record_shards(
+        shards = dta_shards.write_shards(
             table, drug_tok, protein_tok, args.out, num_shards=args.shards
         )
-        pairs = len(molecules.array_record_source(paths))
     except (molecules.DataError, ValueError, OSError) as e:
         print(f"convert_dta: {e}", file=sys.stderr)
         return 2
+    paths = shards.paths
     size = sum(Path(p).stat().st_size for p in paths)
-    skipped = table.skipped + len(table.affinity) - pairs
+    splits = "DeepDTA folds kept" if shards.splits else "no folds"
     print(
-        f"wrote {pairs} pairs ({skipped} skipped) of {table.source} to {len(paths)} shards in "
-        f"{args.out}: {size} bytes, {time.perf_counter() - start:.2f} s"
+        f"wrote {shards.pairs} pairs ({shards.skipped} skipped; {splits}) of {table.source} to "
+        f"{len(paths)} shards in {args.out}: {size} bytes, {time.perf_counter() - start:.2f} s; "
+        f"train on them with data.source=dta_shards data.path={args.out}"
     )
     if args.bench:
         for workers in (0, 1, 2):

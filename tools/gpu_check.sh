@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU check of hopperjax in one call, for a lent H200/H100 (see the device tool's README).
 #
-#   Here, once per session (fetches the wheels the device image lacks into .whl/, git-ignored):
+#   Here, once per session (fetches the wheels the device image lacks into .whl/, and copies the
+#   Davis set from ../shared/data/davis into .data/davis; both git-ignored):
 #     bash tools/gpu_check.sh --fetch-wheels
-#   On the device (carry: [".whl"], timeout_s 480):
+#   On the device (carry: [".whl", ".data"], timeout_s 480):
 #     bash tools/gpu_check.sh
 #
 # Writes its logs and a summary table to $OUT (or runs/gpu_check) and prints the table last.
@@ -20,6 +21,10 @@ WHEELS=(grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 tensorboardX==2.6.5)
 
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
   grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+  grep -qxF '/.data/' .git/info/exclude 2>/dev/null || echo '/.data/' >> .git/info/exclude
+  if [[ -d ../shared/data/davis ]]; then
+    mkdir -p .data && rm -rf .data/davis && cp -r ../shared/data/davis .data/davis
+  fi
   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any \
@@ -103,6 +108,18 @@ check fp8_hlo 60 bash -c '"$0" -m hopperjax.inspect "${@}" precision=fp8 --hlo /
   "$PY" "${WIDE[@]}"
 check bench_loop 45 "$PY" tools/bench_loop.py --config configs/quickstart.yaml precision=bf16 \
   "${SHRINK[@]}" --steps 100
+# The DTA recipe: one run of DeepDTA's protocol on Davis (valid fold 0, test fold scored once) in
+# fp32 and bf16: wall time and test scores on the GPU. Needs .data/davis (see --fetch-wheels).
+DTA_SHORT=()
+[[ -n "${SMOKE:-}" ]] && DTA_SHORT=(train.steps=20 train.eval_every=10)
+for p in fp32 bf16; do
+  if [[ -d .data/davis ]]; then
+    check "dta_$p" 90 "$PY" experiments/dta_benchmark.py --data .data/davis --folds 0 \
+      --out "$OUT/dta_$p" precision=$p "${DTA_SHORT[@]}"
+  else
+    status+=("dta_$p skipped: no .data/davis")
+  fi
+done
 
 "$PY" - "$OUT" "${status[@]}" <<'PY' | tee "$OUT/summary.txt"
 import json, pathlib, sys
@@ -124,6 +141,13 @@ if found.exists():
         print(f"| 1B remat {m['remat']} | largest batch {m['batch_size']}: "
               f"{m['step_s']*1e3:.0f} ms/step, {m['tokens_per_s']:,.0f} tok/s, "
               f"{m['model_tflops']:.1f} model TFLOP/s |")
+for p in ("fp32", "bf16"):
+    dta = out / f"dta_{p}" / "results.json"
+    if dta.exists():
+        r = json.loads(dta.read_text())[0]
+        t = r["test"]
+        print(f"| DTA Davis {p} | {r['train_s']:.0f} s train, test MSE {t['mse']:.3f}, "
+              f"CI {t['ci']:.3f} |")
 for p in ("bf16", "fp8"):
     wide = pathlib.Path(f"/tmp/wide_{p}/metrics.jsonl")
     rows = [json.loads(x) for x in wide.read_text().splitlines() if '"mfu"' in x][1:] if wide.exists() else []

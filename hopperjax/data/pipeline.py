@@ -17,10 +17,19 @@ from hopperjax.data import text
 from hopperjax.workloads.base import Datasets
 
 
-def _source_bytes(config: Config) -> Any:
-    if config.data.source == "text":
-        return config.data.path
-    return text.embedded_corpus()
+def _text_tokens(config: Config) -> tuple[Any, int, text.CharVocabulary | None]:
+    """(tokens: an array or a file path, their count, the character vocabulary or None)."""
+    path = config.data.path if config.data.source == "text" else None
+    if config.data.tokenizer == "chars":
+        try:
+            chars = text.read_chars(path)
+        except ValueError as e:
+            raise ConfigError("data.path", str(e), name_key=False) from None
+        vocab = text.CharVocabulary.of(chars)
+        tokens = vocab.encode(chars)
+        return tokens, len(tokens), vocab
+    source = path if path is not None else text.embedded_corpus()
+    return source, text.byte_length(source), None
 
 
 def build_datasets(
@@ -49,49 +58,63 @@ def build_datasets(
 
 
 def build_text_datasets(config: Config, *, process_index: int, process_count: int) -> Datasets:
-    """Byte windows of a text file (or the embedded corpus) for language modeling."""
+    """Token windows of a text file (or the embedded corpus) for language modeling.
+
+    The first ``1 - data.eval_fraction`` of the tokens train, the rest evaluate. ``data.sampling:
+    windows`` walks each split in ``seq_len`` strides (train shuffled per epoch); ``random`` draws
+    every window at a uniform random offset with replacement, and then evaluates on
+    ``train.eval_batches`` such batches of the eval split (the same ones at every evaluation).
+    """
     data, train = config.data, config.train
     eval_batch = train.eval_batch_size or train.batch_size
 
-    source = _source_bytes(config)
-    n = text.byte_length(source)
+    tokens, n, vocab = _text_tokens(config)
     split = int(n * (1.0 - data.eval_fraction))
-    train_windows = text.ByteWindows(source, 0, split, data.seq_len)
-    eval_windows = text.ByteWindows(source, split, n, data.seq_len)
+    train_windows = text.ByteWindows(tokens, 0, split, data.seq_len)
+    eval_windows = text.ByteWindows(tokens, split, n, data.seq_len)
     where = data.path or "the embedded corpus"
+    unit = "characters" if vocab else "bytes"
     if len(train_windows) < process_count:
         raise ConfigError(
             "data.path" if data.path else "data.seq_len",
-            f"{where} ({n} bytes) is too small for one training window",
+            f"{where} ({n} {unit}) is too small for one training window",
         )
-    if len(eval_windows) < eval_batch:
+    if len(eval_windows) < (1 if data.sampling == "random" else eval_batch):
         raise ConfigError(
             "data.eval_fraction",
             f"the eval split of {where} has {len(eval_windows)} windows of "
-            f"{data.seq_len + 1} bytes, fewer than one eval batch of {eval_batch}",
+            f"{data.seq_len + 1} {unit}, fewer than one eval batch of {eval_batch}",
         )
 
-    train_ds = grain.MapDataset.source(train_windows)[process_index::process_count]
-    if data.shuffle:
-        # Shuffle before repeat: grain gives every epoch its own permutation of the same seed.
-        train_ds = train_ds.shuffle(seed=config.seed)
-    train_ds = (
-        train_ds.repeat(None)
-        .map(text.to_lm_example)
-        .batch(train.batch_size // process_count, drop_remainder=True)
-    )
-    # Whole global batches only, so every process runs the same number of eval steps (a process
-    # with one batch fewer would leave the others waiting in a collective).
-    eval_ds = grain.MapDataset.source(eval_windows)
-    eval_ds = (
-        eval_ds[: len(eval_ds) // eval_batch * eval_batch][process_index::process_count]
-        .map(text.to_lm_example)
-        .batch(eval_batch // process_count, drop_remainder=True)
+    local_batch = train.batch_size // process_count
+    if data.sampling == "random":
+        if train.eval_batches is None:
+            raise ConfigError("train.eval_batches", "required with data.sampling=random")
+        train_ds = grain.MapDataset.source(
+            text.RandomWindows(tokens, 0, split, data.seq_len, seed=config.seed)
+        )[process_index::process_count]
+        eval_ds = grain.MapDataset.source(
+            text.RandomWindows(tokens, split, n, data.seq_len, seed=config.seed + 1)
+        )[: train.eval_batches * eval_batch][process_index::process_count]
+    else:
+        train_ds = grain.MapDataset.source(train_windows)[process_index::process_count]
+        if data.shuffle:
+            # Shuffle before repeat: grain gives every epoch its own permutation of the same seed.
+            train_ds = train_ds.shuffle(seed=config.seed)
+        train_ds = train_ds.repeat(None)
+        # Whole global batches only, so every process runs the same number of eval steps (a
+        # process with one batch fewer would leave the others waiting in a collective).
+        eval_ds = grain.MapDataset.source(eval_windows)
+        eval_ds = eval_ds[: len(eval_ds) // eval_batch * eval_batch][process_index::process_count]
+    train_ds = train_ds.map(text.to_lm_example).batch(local_batch, drop_remainder=True)
+    eval_ds = eval_ds.map(text.to_lm_example).batch(
+        eval_batch // process_count, drop_remainder=True
     )
     return Datasets(
         train=train_ds,
         eval=eval_ds,
-        vocab_size=text.BYTE_VOCAB_SIZE,
+        vocab_size=len(vocab) if vocab else text.BYTE_VOCAB_SIZE,
+        info={"vocab": vocab.chars} if vocab else {},
     )
 
 

@@ -185,7 +185,10 @@ def scanned_blocks(
 ) -> Callable[..., jax.Array]:
     """``config.n_layers`` Blocks as one ``nn.scan`` over a stacked "layers" parameter axis.
 
-    Scanning keeps compile time flat in depth; ``remat`` wraps each block. The returned callable
+    Scanning keeps compile time flat in depth; ``config.scan_unroll`` > 1 unrolls that many
+    blocks per loop iteration (same parameters, so checkpoints do not change): for small models,
+    where the loop's per-iteration overhead and the lost cross-layer fusion cost more than the
+    longer compile. ``remat`` wraps each block. The returned callable
     takes x [batch, length, embed] and optional ``lengths`` [batch] (padding mask).
     """
     blocks = nn.scan(
@@ -194,6 +197,7 @@ def scanned_blocks(
         split_rngs={"params": True, "dropout": True},
         in_axes=nn.broadcast,
         length=config.n_layers,
+        unroll=min(config.scan_unroll, config.n_layers),
         metadata_params={nn.PARTITION_NAME: "layers"},
     )(config, policy, deterministic, causal, name=name)
 

@@ -4,8 +4,9 @@ XLA's own cost analysis counts the body of a ``while`` loop once, but a layer sc
 ``n_layers`` times; here each computation carries a multiplier (the product of the known trip
 counts of the loops it sits in), so per-step totals are right for scanned models.
 
-GEMMs are ``dot`` instructions (CPU, and GPU before library calls) and cuBLAS / cuBLASLt
-custom-calls (GPU). Sizes are reported BLAS-style for ``C[m, n] = A[m, k] @ B[k, n]`` per batch
+GEMMs are ``dot`` instructions (CPU, and GPU before library calls), cuBLAS / cuBLASLt
+custom-calls (GPU), and convolutions (``convolution``, cuDNN custom-calls) as the implicit GEMMs
+they run as. Sizes are reported BLAS-style for ``C[m, n] = A[m, k] @ B[k, n]`` per batch
 element: ``m`` = free size of the left operand, ``n`` = free size of the right, ``k`` = contracted.
 Shapes are per device: the HLO of an SPMD program is the per-device program.
 """
@@ -26,6 +27,10 @@ _DTYPE_BYTES = {
 }  # fmt: skip
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _GEMM_TARGETS = re.compile(r"__cublas\$(lt\$matmul(\$f8)?|gemm)|__cudnn\$matmul")
+# Forward convolutions only: a backward call's dim_labels describe its forward convolution, so
+# its operands do not map onto them (not counted, for now).
+_CONV_TARGETS = re.compile(r"__cudnn\$conv(BiasActivation)?Forward")
+_DIM_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 
 _HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) \((.*)\) -> .* \{$")
 _INSTR = re.compile(r"^\s*(ROOT )?%([\w.\-]+) = (.+?) ([a-z][\w\-]*)\((.*)$")
@@ -177,7 +182,39 @@ def _operands(rest: str) -> list[str]:
     return names
 
 
+def _convolution(ins: _Instruction, shapes: dict[str, str], count: int) -> Gemm | None:
+    """A convolution as the implicit GEMM it runs as: M = output positions (batch x spatial),
+    N = output features, K = window x input features per group (what each output sums over)."""
+    labels = _DIM_LABELS.search(ins.rest)
+    operands = _operands(ins.rest)
+    if not labels or len(operands) < 2 or not {operands[0], operands[1]} <= shapes.keys():
+        return None
+    lhs, rhs = parse_shapes(shapes[operands[0]])[0], parse_shapes(shapes[operands[1]])[0]
+    out = parse_shapes(ins.shape)[0]
+    _, rhs_labels, out_labels = labels.groups()
+    if len(rhs_labels) != len(rhs.dims) or len(out_labels) != len(out.dims):
+        return None
+    n = out.dims[out_labels.index("f")]
+    op_name = _OP_NAME.search(ins.rest)
+    return Gemm(
+        name=ins.name,
+        op_name=op_name.group(1) if op_name else "",
+        m=math.prod(out.dims) // max(n, 1),
+        n=n,
+        k=math.prod(d for label, d in zip(rhs_labels, rhs.dims, strict=True) if label != "o"),
+        batch=1,
+        lhs_dtype=lhs.dtype,
+        rhs_dtype=rhs.dtype,
+        out_dtype=out.dtype,
+        count=count,
+    )
+
+
 def _gemm(ins: _Instruction, shapes: dict[str, str], count: int) -> Gemm | None:
+    if ins.opcode == "convolution" or (
+        ins.opcode == "custom-call" and _CONV_TARGETS.search(ins.rest)
+    ):
+        return _convolution(ins, shapes, count)
     if ins.opcode == "dot":
         dims = {k: [int(x) for x in v.split(",") if x] for k, v in _DIMS.findall(ins.rest)}
     elif ins.opcode == "custom-call" and _GEMM_TARGETS.search(ins.rest):

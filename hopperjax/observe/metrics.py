@@ -30,19 +30,24 @@ def _after_checkpoint(record: dict[str, Any], step: int) -> bool:
     return record["step"] > step
 
 
-def _format_console(record: dict[str, Any], total_steps: int) -> str:
+_UNIT = {"tokens": "tok", "pairs": "pairs"}
+
+
+def _format_console(record: dict[str, Any], total_steps: int, examples_name: str = "tokens") -> str:
     step = record["step"]
     if "eval_loss" in record:
         parts = [f"eval  {step:>6d}/{total_steps}", f"loss {record['eval_loss']:.4f}"]
-        if "eval_accuracy" in record:
-            parts.append(f"acc {record['eval_accuracy']:.3f}")
+        for key, value in record.items():  # the workload's own scores (accuracy, CI, rm2, ...)
+            name = key.removeprefix("eval_")
+            if key.startswith("eval_") and name not in ("loss", "mse", "pairs", "tokens"):
+                parts.append(f"{name} {value:.4f}")
         return " | ".join(parts)
     parts = [
         f"step  {step:>6d}/{total_steps}",
         f"loss {record['loss']:.4f}",
         f"lr {record['lr']:.2e}",
         f"{record['step_time_s'] * 1e3:.1f} ms/step",
-        f"{record['tokens_per_s']:,.0f} tok/s",
+        f"{record['tokens_per_s']:,.0f} {_UNIT.get(examples_name, examples_name)}/s",
     ]
     if "mfu" in record:
         parts.append(f"MFU {record['mfu']:.1%}")
@@ -62,6 +67,7 @@ class MetricsWriter:
         the resumed run logs them again.
       enabled: only one process writes.
       console: print a line per record.
+      examples_name: what the throughput counts ("tokens", "pairs"), for the console.
     """
 
     def __init__(
@@ -72,8 +78,10 @@ class MetricsWriter:
         resume_step: int = 0,
         enabled: bool = True,
         console: bool = True,
+        examples_name: str = "tokens",
     ):
         self._enabled = enabled
+        self._examples_name = examples_name
         self._total = total_steps
         self._console = Console(highlight=False, soft_wrap=True) if console and enabled else None
         self._jsonl = None
@@ -83,7 +91,10 @@ class MetricsWriter:
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / "metrics.jsonl"
-        kept = [r for r in read_metrics(path) if not _after_checkpoint(r, resume_step)]
+        # A fresh start (step 0) keeps nothing: a crashed run's records, step-0 eval included.
+        kept = [
+            r for r in read_metrics(path) if resume_step and not _after_checkpoint(r, resume_step)
+        ]
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
         tmp.replace(path)  # Atomic: the old log is whole until the trimmed one replaces it.
@@ -103,7 +114,7 @@ class MetricsWriter:
                 self._tb.add_scalar(key, value, step)
         self._tb.flush()
         if self._console is not None:
-            self._console.print(_format_console(record, self._total))
+            self._console.print(_format_console(record, self._total, self._examples_name))
 
     def info(self, message: str) -> None:
         if self._console is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import signal
 import threading
@@ -50,11 +51,13 @@ class TrainResult:
       state: the final train state (on the mesh).
       run_dir: where config, metrics and checkpoints were written.
       history: the records this invocation logged (train and eval), as in ``metrics.jsonl``.
+      compile_s: seconds spent compiling the train and eval steps.
     """
 
     state: TrainState
     run_dir: Path
     history: list[dict[str, Any]]
+    compile_s: float = 0.0
 
 
 class _PreemptionFlag:
@@ -106,11 +109,35 @@ def _check_resumable(config: Config, path: Path) -> None:
             )
 
 
-def _write_config(config: Config, path: Path) -> None:
+def _write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(config_lib.dump_yaml(config))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def _write_vocabulary(chars: str | None, path: Path) -> None:
+    """Saves a character-level run's vocabulary (evaluation and sampling decode with it).
+
+    Raises: ConfigError when checkpoints of another vocabulary are there (ids would mean other
+    characters), naming data.path.
+    """
+    if chars is None:
+        path.unlink(missing_ok=True)  # a byte-level run: no stale vocabulary for the sampler
+        return
+    if path.exists() and (path.parent / "checkpoints").is_dir():
+        before = json.loads(path.read_text())["chars"]
+        if before != chars and any((path.parent / "checkpoints").iterdir()):
+            raise ConfigError(
+                "data.path",
+                f"its vocabulary ({len(chars)} characters) differs from the one "
+                f"{path.parent} was trained with ({len(before)}); use a new run_dir",
+            )
+    _write_atomically(path, json.dumps({"chars": chars}))
+
+
+def _write_config(config: Config, path: Path) -> None:
+    _write_atomically(path, config_lib.dump_yaml(config))
 
 
 def _summarize(
@@ -196,6 +223,7 @@ def train(
     if primary:
         _check_resumable(config, run_dir / "config.yaml")
         _write_config(config, run_dir / "config.yaml")
+        _write_vocabulary(parts.datasets.info.get("vocab"), run_dir / "vocab.json")
 
     checkpointer = Checkpointer(
         run_dir / "checkpoints",
@@ -217,7 +245,12 @@ def train(
         compile_s = time.perf_counter() - compile_start
 
         writer = MetricsWriter(
-            run_dir, total_steps=t.steps, resume_step=start, enabled=primary, console=console
+            run_dir,
+            total_steps=t.steps,
+            resume_step=start,
+            enabled=primary,
+            console=console,
+            examples_name=parts.workload.examples_name,
         )
         throughput = parts.throughput()
         num_params = sum(x.size for x in jax.tree.leaves(parts.abstract_state.params))
@@ -257,7 +290,7 @@ def train(
         with _closing(*closables), effects.preemption:
             state, history = _loop(state, start, parts, train_step, eval_step, throughput, effects)
         checkpointer.wait()
-    return TrainResult(state=state, run_dir=run_dir, history=history)
+    return TrainResult(state=state, run_dir=run_dir, history=history, compile_s=compile_s)
 
 
 def _loop(
@@ -275,12 +308,20 @@ def _loop(
     if start >= end:
         fx.writer.info(f"hopperjax: nothing to do, the run is at step {start} (end {end})")
     history: list[dict[str, Any]] = []
+    if start == 0 and t.eval_at_start:
+        record = {"step": 0, **_evaluate(eval_step, state, parts)}
+        fx.writer.write(record)
+        history.append(record)
     window: list[dict[str, jax.Array]] = []
-    window_start = time.perf_counter()
+    step_times: list[float] = []  # with train.sync_every_step: each step's own wall time
+    window_start = step_start = time.perf_counter()
     for step in range(start, end):
         fx.profiler.before_step(step)
         with step_annotation(step):
             state, metrics = train_step(state, next(fx.batches))
+        if t.sync_every_step:
+            jax.block_until_ready(metrics)
+            step_times.append(time.perf_counter() - step_start)
         fx.profiler.after_step(step, metrics)
         window.append(metrics)
         if len(window) > _MAX_STEPS_AHEAD:
@@ -310,6 +351,9 @@ def _loop(
                     f"loss is {record['loss']} in steps {step - len(window) + 1}-{step}; "
                     f"the last checkpoint is step {fx.checkpointer.latest_step()}"
                 )
+            if t.sync_every_step:
+                record["step_times_s"] = step_times
+                step_times = []
             in_window = range(step - len(window) + 1, step + 1)
             if fx.profiler.active or fx.profiler.last_step in in_window:
                 record["profiled"] = 1  # Tracing overhead is inside this window's step time.
@@ -331,4 +375,5 @@ def _loop(
             break
         if not window:  # Eval and checkpoint time stay out of the step time.
             window_start = time.perf_counter()
+        step_start = time.perf_counter()  # ... and out of the next step's own time
     return state, history

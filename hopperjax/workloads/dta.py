@@ -1,14 +1,15 @@
 """Drug-target binding affinity regression (the flagship workload): pairs in, pKd out.
 
-Data: a DeepDTA directory, a CSV/TSV of (smiles, sequence, affinity), or a synthetic set
-(``data/molecules.py``). A batch holds each distinct drug and protein once plus, per pair, the
-rows it uses (``models/dta.py``). Train loss is the MSE; eval reports MSE, concordance index,
-rm2 and Pearson over the whole eval split (``scoring.py``), so the eval step returns
-predictions, not sums.
+Data: a DeepDTA directory, a CSV/TSV of (smiles, sequence, affinity), a synthetic set
+(``data/molecules.py``), or ArrayRecord shards of any of them (``data/dta_shards.py``). A batch
+holds each distinct drug and protein once plus, per pair, the rows it uses (``models/dta.py``).
+Train loss is the MSE; eval reports MSE, concordance index, rm2 and Pearson over the whole eval
+split (``scoring.py``), so the eval step returns predictions, not sums.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 
 from hopperjax import scoring
 from hopperjax.config import Config, ConfigError, DtaConfig
-from hopperjax.data import molecules
+from hopperjax.data import dta_shards, molecules
 from hopperjax.workloads.base import Datasets, Field
 
 TABLE_ROW_MULTIPLE = 8  # distinct-row tables are padded to this, so they shard over the devices
@@ -44,24 +45,87 @@ def load_table(config: Config) -> molecules.DtaTable:
         raise ConfigError("data.path", str(e)) from None
 
 
-def split_pairs(table: molecules.DtaTable, config: Config) -> tuple[np.ndarray, np.ndarray]:
+def split_pairs(
+    folds: tuple[list[np.ndarray], np.ndarray] | None, num_pairs: int, config: Config
+) -> tuple[np.ndarray, np.ndarray]:
     """(train pair indices, eval pair indices).
 
-    DeepDTA folds: train on every training fold but ``data.valid_fold``; evaluate on that fold,
-    or on the test fold with ``data.eval_split: test``. Without folds: a seeded random split with
-    ``data.eval_fraction`` held out.
+    DeepDTA ``folds`` (training folds, test fold): train on every training fold but
+    ``data.valid_fold``; evaluate on that fold, or on the test fold with ``data.eval_split: test``.
+    Without folds: a seeded random split with ``data.eval_fraction`` held out.
     """
     d = config.data
-    if table.train_folds is not None:
-        folds = table.train_folds
-        if d.valid_fold >= len(folds):
-            raise ConfigError("data.valid_fold", f"{table.source} has {len(folds)} folds")
-        train = np.concatenate([f for i, f in enumerate(folds) if i != d.valid_fold])
-        held = table.test_fold if d.eval_split == "test" else folds[d.valid_fold]
+    if folds is not None:
+        train_folds, test_fold = folds
+        if d.valid_fold >= len(train_folds):
+            raise ConfigError("data.valid_fold", f"the data has {len(train_folds)} folds")
+        train = np.concatenate([f for i, f in enumerate(train_folds) if i != d.valid_fold])
+        held = test_fold if d.eval_split == "test" else train_folds[d.valid_fold]
         return train.astype(np.int64), np.asarray(held, np.int64)
-    order = np.random.default_rng(config.seed).permutation(len(table.affinity))
-    held = max(1, round(len(order) * d.eval_fraction))
+    order = np.random.default_rng(config.seed).permutation(num_pairs)
+    held = max(1, round(num_pairs * d.eval_fraction))
     return np.sort(order[held:]), np.sort(order[:held])
+
+
+@dataclasses.dataclass(frozen=True)
+class PairData:
+    """A random-access source over all of a run's pairs, with what the batches need to know."""
+
+    pairs: Any  # molecules.PairSource or dta_shards.ArrayRecordPairs
+    drugs: int  # distinct drugs and proteins: they size the per-batch tables
+    proteins: int
+    folds: tuple[list[np.ndarray], np.ndarray] | None
+    source: str
+    skipped: int
+    drug_index: np.ndarray | None = None  # per pair, when the pairs come from a table in memory
+    protein_index: np.ndarray | None = None
+
+
+def load_pairs(config: Config) -> PairData:
+    """The run's pairs: a table in memory (DeepDTA, CSV, synthetic) or ArrayRecord shards."""
+    d = config.data
+    try:
+        if d.source == "dta_shards":
+            shards = dta_shards.read_shards(d.path)
+            for key in ("drug_max_len", "protein_max_len"):
+                if getattr(shards, key) != getattr(d, key):
+                    raise ConfigError(
+                        f"data.{key}",
+                        f"{d.path} holds tokens of length {getattr(shards, key)}, "
+                        f"got {getattr(d, key)}",
+                    )
+            folds = None if shards.splits is None else (shards.train_folds, shards.test_fold)
+            return PairData(
+                dta_shards.open_pairs(shards),
+                shards.drugs,
+                shards.proteins,
+                folds,
+                shards.source,
+                shards.skipped,
+            )
+        drug_tok = molecules.Tokenizer(molecules.SMILES_CHARSET, d.drug_max_len, d.unknown_chars)
+        protein_tok = molecules.Tokenizer(
+            molecules.PROTEIN_CHARSET, d.protein_max_len, d.unknown_chars
+        )
+        drug_tokens, protein_tokens, table = molecules.tokenize_table(
+            load_table(config), drug_tok, protein_tok
+        )
+    except molecules.DataError as e:
+        raise ConfigError("data.path", str(e)) from None
+    pairs = molecules.PairSource(
+        drug_tokens, protein_tokens, table.drug_index, table.protein_index, table.affinity
+    )
+    folds = None if table.train_folds is None else (table.train_folds, table.test_fold)
+    return PairData(
+        pairs,
+        len(table.drugs),
+        len(table.proteins),
+        folds,
+        table.source,
+        table.skipped,
+        drug_index=np.asarray(table.drug_index, np.int64),
+        protein_index=np.asarray(table.protein_index, np.int64),
+    )
 
 
 def table_rows(local_batch: int, distinct: int, dta: DtaConfig) -> int:
@@ -104,63 +168,83 @@ class AffinityRegression:
     examples_name = "pairs"
 
     def build_datasets(self, config: Config, *, process_index: int, process_count: int) -> Datasets:
-        d, t = config.data, config.train
-        drug_tok = molecules.Tokenizer(molecules.SMILES_CHARSET, d.drug_max_len, d.unknown_chars)
-        protein_tok = molecules.Tokenizer(
-            molecules.PROTEIN_CHARSET, d.protein_max_len, d.unknown_chars
-        )
-        try:
-            drug_tokens, protein_tokens, table = molecules.tokenize_table(
-                load_table(config), drug_tok, protein_tok
-            )
-        except molecules.DataError as e:
-            raise ConfigError("data.path", str(e)) from None
-        train_idx, eval_idx = split_pairs(table, config)
+        t, d = config.train, config.data
+        data = load_pairs(config)
+        train_idx, eval_idx = split_pairs(data.folds, len(data.pairs), config)
         eval_batch = t.eval_batch_size or t.batch_size
         if len(train_idx) < t.batch_size:
             raise ConfigError(
-                "train.batch_size", f"{table.source} has {len(train_idx)} training pairs"
+                "train.batch_size", f"{data.source} has {len(train_idx)} training pairs"
             )
+        group_of = None
+        if d.group_by != "none":
+            group_of = data.drug_index if d.group_by == "drug" else data.protein_index
+            if group_of is None:
+                raise ConfigError(
+                    "data.group_by", f"needs the pair table; data.source {d.source} has none"
+                )
+            eval_idx = eval_idx[np.argsort(group_of[eval_idx], kind="stable")]
         # Pad the eval split to whole global batches with weight-0 copies: every pair is scored.
         padded = -(-len(eval_idx) // eval_batch) * eval_batch
         eval_weights = np.r_[np.ones(len(eval_idx)), np.zeros(padded - len(eval_idx))]
-        eval_idx = np.r_[eval_idx, np.full(padded - len(eval_idx), eval_idx[0])]
+        eval_idx = np.r_[eval_idx, np.full(padded - len(eval_idx), eval_idx[-1])]
 
-        def batches(indices, weights, local_batch):
-            rows = dict(
-                drug_rows=table_rows(local_batch, len(table.drugs), config.dta),
-                protein_rows=table_rows(local_batch, len(table.proteins), config.dta),
+        # Rows of the distinct-molecule tables, per global batch size: the distinct molecules in
+        # the data, or fewer where grouped batches can hold no more (GroupedOrder).
+        def distinct(indices: np.ndarray, batch: int) -> dict[str, int]:
+            bound = {"drug": data.drugs, "protein": data.proteins}
+            if group_of is not None:
+                order = molecules.GroupedOrder(group_of[indices], seed=0)
+                bound[d.group_by] = order.max_groups_per_batch(batch)
+            return bound
+
+        rows: dict[int, tuple[int, int]] = {}
+        for indices, batch in ((train_idx, t.batch_size), (eval_idx, eval_batch)):
+            local = batch // process_count
+            bound = distinct(indices, batch)
+            new = (
+                table_rows(local, bound["drug"], config.dta),
+                table_rows(local, bound["protein"], config.dta),
             )
-            source = molecules.PairSource(
-                drug_tokens,
-                protein_tokens,
-                table.drug_index[indices],
-                table.protein_index[indices],
-                table.affinity[indices],
-                weight=weights,
-            )
+            rows[batch] = tuple(max(x) for x in zip(rows.get(batch, new), new, strict=True))
+
+        def batches(order: grain.MapDataset, source: Any, batch: int) -> grain.MapDataset:
+            drug_rows, protein_rows = rows[batch]
             convert = functools.partial(
-                to_model_batch, block=process_index, dedup=config.dta.deduplicate, **rows
+                to_model_batch,
+                drug_rows=drug_rows,
+                protein_rows=protein_rows,
+                block=process_index,
+                dedup=config.dta.deduplicate,
             )
-            return grain.MapDataset.source(source)[process_index::process_count], convert
+            local = batch // process_count
+            ds = order[process_index::process_count].map(source.__getitem__)
+            return ds.batch(local, drop_remainder=True).map(convert)
 
-        local = t.batch_size // process_count
-        train_ds, convert = batches(train_idx, np.ones(len(train_idx)), local)
-        if d.shuffle:
-            train_ds = train_ds.shuffle(seed=config.seed)
-        train_ds = train_ds.repeat(None).batch(local, drop_remainder=True).map(convert)
-        eval_local = eval_batch // process_count
-        eval_ds, convert = batches(eval_idx, eval_weights, eval_local)
-        eval_ds = eval_ds.batch(eval_local, drop_remainder=True).map(convert)
+        train_pairs = molecules.PairSubset(data.pairs, train_idx)
+        if group_of is not None:
+            order = grain.MapDataset.source(
+                molecules.GroupedOrder(group_of[train_idx], seed=config.seed)
+            )
+        else:
+            order = grain.MapDataset.range(len(train_idx))
+            order = order.shuffle(seed=config.seed) if d.shuffle else order
+            order = order.repeat(None)
+        train_ds = batches(order, train_pairs, t.batch_size)
+        eval_pairs = molecules.PairSubset(data.pairs, eval_idx, eval_weights)
+        eval_ds = batches(grain.MapDataset.range(len(eval_idx)), eval_pairs, eval_batch)
         return Datasets(
             train=train_ds,
             eval=eval_ds,
             info={
-                "drugs": len(table.drugs),
-                "proteins": len(table.proteins),
+                "drugs": data.drugs,
+                "proteins": data.proteins,
+                "table_rows": {
+                    b: (process_count * r[0], process_count * r[1]) for b, r in rows.items()
+                },
                 "train_pairs": len(train_idx),
                 "eval_pairs": int(eval_weights.sum()),
-                "skipped": table.skipped,
+                "skipped": data.skipped,
                 "process_count": process_count,
             },
         )
@@ -169,8 +253,13 @@ class AffinityRegression:
         info, d = datasets.info, config.data
         processes = info.get("process_count", 1)
         local = batch_size // processes
-        drug_rows = processes * table_rows(local, info.get("drugs", local), config.dta)
-        protein_rows = processes * table_rows(local, info.get("proteins", local), config.dta)
+        drug_rows, protein_rows = info.get("table_rows", {}).get(
+            batch_size,
+            (
+                processes * table_rows(local, info.get("drugs", local), config.dta),
+                processes * table_rows(local, info.get("proteins", local), config.dta),
+            ),
+        )
         pairs = (batch_size,)
         return {
             "drug_tokens": Field((drug_rows, d.drug_max_len), jnp.int32, ("batch", None)),

@@ -1,0 +1,368 @@
+"""The drug-target affinity model and workload end to end: per-batch dedup is exact and saves the
+FLOPs it claims, a short run learns, and the DeepDTA folds give the documented splits.
+
+Every test builds tiny models on synthetic pairs or a DeepDTA directory it writes itself; none
+reads shared data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+from conftest import REPO
+
+import hopperjax
+from hopperjax.data import dta_shards, molecules
+from hopperjax.inspect import inspect_config
+from hopperjax.precision import policy_from_config
+from hopperjax.workloads import dta as dta_workload
+
+# The Davis recipe shrunk to a model that compiles and runs in seconds on 2 cores.
+TINY_DTA = [
+    "dta.embed_dim=8",
+    "dta.filters=4",
+    "dta.head_dims=32,16",
+    "dta.d_model=16",
+    "dta.layers=1",
+    "dta.heads=2",
+    "data.source=dta_synthetic",
+    "data.path=null",  # the recipe's ../shared/data/davis must never be read by tests
+    "data.drug_max_len=24",
+    "data.protein_max_len=64",
+    "data.synthetic_drugs=6",
+    "data.synthetic_proteins=4",
+    "data.synthetic_pairs=400",
+    "train.batch_size=32",
+    "train.eval_batch_size=32",
+    "optim.warmup_steps=2",
+]
+TRANSFORMER = ["dta.drug_encoder=transformer", "dta.protein_encoder=transformer"]
+
+
+def dta_config(tmp_path, *overrides: str) -> hopperjax.Config:
+    return hopperjax.load_config(
+        REPO / "configs" / "dta_davis.yaml",
+        [*TINY_DTA, f"run_dir={tmp_path / 'run'}", *overrides],
+    )
+
+
+def _pairs_batch(config, indices):
+    """The pairs ``indices`` of the config's data as one batch of pairs (one row per pair)."""
+    pairs = dta_workload.load_pairs(config).pairs
+    items = [pairs[int(i)] for i in indices]
+    return {
+        "drug": np.stack([x["drug"] for x in items]),
+        "protein": np.stack([x["protein"] for x in items]),
+        "affinity": np.array([x["affinity"] for x in items], np.float32),
+        "weight": np.ones(len(items), np.float32),
+    }
+
+
+MODEL_KEYS = ("drug_tokens", "protein_tokens", "drug_index", "protein_index")
+
+
+def _predictions_and_grads(config, same_shape, other):
+    """Initializes the config's model, then returns (predictions [n, B] and MSE gradients
+    (leaves [n, ...]) of the n ``same_shape`` batches, predictions [B] of the ``other`` batch).
+
+    One jitted program (one vmapped forward and backward, one forward), so one compile: XLA:CPU
+    compiles are the slow part of these tests.
+    """
+    model = hopperjax.build_model(
+        config.model, policy_from_config(config), config.remat, dta=config.dta
+    )
+
+    def inputs(batch):
+        return {k: batch[k] for k in MODEL_KEYS}
+
+    @jax.jit
+    def run(stack, other):
+        first = jax.tree.map(lambda x: x[0], inputs(stack))
+        # rbg keys: XLA:CPU compiles threefry's init for ~8 s, rng_bit_generator's in ~1 s.
+        params = nn.meta.unbox(model.init(jax.random.key(0, impl="rbg"), first))["params"]
+
+        def loss(p, b):
+            pred = model.apply({"params": p}, inputs(b), deterministic=True)
+            return ((pred - b["affinity"]) ** 2).mean(), pred
+
+        grad_fn = jax.vmap(jax.value_and_grad(loss, has_aux=True), in_axes=(None, 0))
+        (_, preds), grads = grad_fn(params, stack)
+        return preds, grads, model.apply({"params": params}, inputs(other))
+
+    keys = (*MODEL_KEYS, "affinity")
+    stack = {k: np.stack([b[k] for b in same_shape]) for k in keys}
+    return jax.device_get(run(stack, {k: other[k] for k in keys}))
+
+
+@pytest.mark.parametrize("encoders", ["cnn", "transformer"])
+def test_dedup_gives_the_per_pair_predictions_and_gradients(tmp_path, encoders):
+    transformer = encoders == "transformer"
+    config = dta_config(tmp_path, *(TRANSFORMER if transformer else []))
+    pairs = 24
+    batch = _pairs_batch(config, np.arange(pairs))
+    drugs = len(np.unique(batch["drug"], axis=0))
+    proteins = len(np.unique(batch["protein"], axis=0))
+    assert drugs <= 6 and proteins <= 4  # many pairs share a molecule: dedup has work to do
+
+    def model_batch(rows, dedup):
+        return dta_workload.to_model_batch(
+            batch, drug_rows=rows, protein_rows=rows, block=0, dedup=dedup
+        )
+
+    per_pair, dedup = model_batch(pairs, False), model_batch(pairs, True)
+    assert per_pair["drug_tokens"].shape == dedup["drug_tokens"].shape == (pairs, 24)
+    # The dedup tables end in all-zero padding rows that no pair points at.
+    assert not dedup["drug_tokens"][drugs:].any() and not dedup["protein_tokens"][proteins:].any()
+    assert dedup["drug_index"].max() < drugs and dedup["protein_index"].max() < proteins
+    # Junk in the padding rows must change no prediction...
+    junk = {k: v.copy() for k, v in dedup.items()}
+    rng = np.random.default_rng(0)
+    junk["drug_tokens"][drugs:] = rng.integers(1, 40, junk["drug_tokens"][drugs:].shape)
+    junk["protein_tokens"][proteins:] = rng.integers(1, 26, junk["protein_tokens"][proteins:].shape)
+    # ...while changing the real tokens does change predictions (so that these checks can fail).
+    changed = {**dedup, "protein_tokens": dedup["protein_tokens"].copy()}
+    real = changed["protein_tokens"] > 0
+    changed["protein_tokens"][real] = changed["protein_tokens"][real] % 25 + 1
+    # Tables as the workload sizes them: the distinct molecules rounded up to 8 rows.
+    tight = model_batch(8, True)
+    if transformer:
+        # Padded keys are masked and the mean pool counts only real tokens, so more right-padding
+        # of the token tables encodes each molecule to the same vector.
+        tight["drug_tokens"] = np.pad(tight["drug_tokens"], ((0, 0), (0, 8)))
+        tight["protein_tokens"] = np.pad(tight["protein_tokens"], ((0, 0), (0, 32)))
+
+    preds, grads, tight_preds = _predictions_and_grads(
+        config, [per_pair, dedup, junk, changed], tight
+    )
+    want = preds[0]
+    assert np.isfinite(want).all() and want.std() > 0.05 * np.abs(want).max()  # they differ
+    atol = 1e-5 * np.abs(want).max()  # fp32 rounding at the predictions' scale (measured: 0-1e-7)
+    for name, got in (("dedup", preds[1]), ("junk", preds[2]), ("tight", tight_preds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=atol, err_msg=name)
+    assert np.abs(preds[3] - want).max() > 100 * atol
+    # Training sees the same gradients: the scatter-add of the gather sums the shared rows' terms,
+    # and the padding rows (fully masked for the transformer) contribute nothing, not even NaN.
+    for leaf in jax.tree.leaves(grads):
+        assert np.isfinite(leaf).all() and np.abs(leaf[0]).max() > 0
+        scale = np.abs(leaf[0]).max()  # measured: differences below 5e-7 of it
+        np.testing.assert_allclose(leaf[1], leaf[0], rtol=1e-4, atol=1e-5 * scale)
+        np.testing.assert_allclose(leaf[2], leaf[0], rtol=1e-4, atol=1e-5 * scale)
+
+
+# The recipe's CNN encoders, 8 of each molecule over 700 pairs: a batch of 64 pairs holds at most
+# 8 distinct drugs and 8 distinct proteins. Shared by the FLOPs and the training
+# tests, so that the dedup train step compiles once per session (the compilation cache is keyed
+# on the program).
+RUN = [
+    "dta.drug_encoder=cnn",
+    "dta.protein_encoder=cnn",
+    "data.synthetic_drugs=8",
+    "data.synthetic_proteins=8",
+    "data.synthetic_pairs=700",  # 70 held out: 2 eval batches of 64, the second one padded
+    "data.eval_fraction=0.1",
+    "train.batch_size=64",
+    "train.eval_batch_size=64",
+    "train.steps=100",
+    "train.log_every=10",
+    "train.eval_every=25",
+    "train.checkpoint_every=1000",
+    "optim.base_lr=1e-2",
+    "optim.lr_scaling=none",
+]
+
+
+def test_dedup_flops_saving_shows_in_the_inspect_report(tmp_path):
+    """64 pairs with <= 8 distinct drugs and proteins: dedup encodes 8 table rows of each instead
+    of 64, so the compiled step does up to 8x less work (less only by the per-pair head)."""
+    on, off = (
+        inspect_config(dta_config(tmp_path, *RUN, f"dta.deduplicate={dedup}"))
+        for dedup in (True, False)
+    )
+    ratios = {
+        key: off[key] / on[key]
+        for key in ("flops_per_step", "model_flops_per_step", "xla_cost_analysis_flops_per_device")
+    }
+    # Measured: 7.8x for the GEMM count (convolutions as implicit GEMMs) and the FLOP model; 6.0x
+    # for XLA's count, which adds the per-pair elementwise work.
+    for key, ratio in ratios.items():
+        assert (5.0 if key.startswith("xla") else 6.0) < ratio <= 8.0 + 1e-9, (key, ratio)
+    # The workload's FLOP model and the compiled program's convolutions and dots agree.
+    for report in (on, off):
+        assert report["flops_per_step"] == pytest.approx(report["model_flops_per_step"], rel=0.05)
+        convs = [g for g in report["gemms"] if "conv" in g["layer"]]
+        # The drug's first convolution: K = kernel 4 x embedding 8, per output position.
+        assert any(g["k"] == 4 * 8 and g["role"] == "forward" for g in convs), convs
+
+
+def _mean_squared_error_of(config, params, indices):
+    """MSE of the model with ``params`` over the pairs ``indices``, batched here, all at once."""
+    pairs = dta_workload.load_pairs(config)
+    batch = _pairs_batch(config, indices)
+    inputs = dta_workload.to_model_batch(
+        batch, drug_rows=pairs.drugs, protein_rows=pairs.proteins, block=0, dedup=True
+    )
+    model = hopperjax.build_model(
+        config.model, policy_from_config(config), config.remat, dta=config.dta
+    )
+    pred = jax.jit(lambda p, x: model.apply({"params": p}, x))(
+        params, {k: inputs[k] for k in MODEL_KEYS}
+    )
+    return float(np.mean((np.asarray(pred, np.float64) - batch["affinity"]) ** 2))
+
+
+def test_short_run_learns_and_scores_every_held_out_pair_once(tmp_path):
+    config = dta_config(tmp_path, *RUN)
+    data = dta_workload.load_pairs(config)
+    train_idx, eval_idx = dta_workload.split_pairs(data.folds, len(data.pairs), config)
+    assert len(eval_idx) == 70 and len(train_idx) == 630
+    affinity = np.array([data.pairs[i]["affinity"] for i in range(len(data.pairs))], np.float64)
+    # Predicting the training mean: what a model that learned nothing pair-specific scores.
+    baseline = float(np.mean((affinity[eval_idx] - affinity[train_idx].mean()) ** 2))
+
+    result = hopperjax.train(config, console=False)
+    evals = [r for r in result.history if "eval_mse" in r]
+    assert [r["step"] for r in evals] == [25, 50, 75, 100]
+    first, last = evals[0], evals[-1]
+    # Measured: eval MSE 1.28 at step 25 -> 0.38 at step 100; the baseline is 1.50.
+    assert last["eval_mse"] < 0.5 * baseline
+    assert last["eval_mse"] < 0.75 * first["eval_mse"]
+    for record in evals:
+        for key in ("eval_loss", "eval_mse", "eval_ci", "eval_rm2", "eval_pearson"):
+            assert math.isfinite(record[key]), (key, record)
+        assert record["eval_loss"] == record["eval_mse"]
+        # Every held-out pair once, although 70 pairs fill 2 batches of 64 with 58 padding pairs.
+        assert record["eval_pairs"] == 70
+    # Measured at step 100: CI 0.83, Pearson 0.87, rm2 0.75.
+    assert last["eval_ci"] > 0.7 and last["eval_pearson"] > 0.7 and last["eval_rm2"] > 0.3
+    # The logged MSE is that of the final parameters over exactly the held-out pairs.
+    mse = _mean_squared_error_of(config, result.state.params, eval_idx)
+    assert last["eval_mse"] == pytest.approx(mse, rel=1e-4)
+
+
+# A DeepDTA directory: 4 drugs x 6 proteins, 2 pairs unmeasured, so 22 pairs in row-major order,
+# each with its own affinity (pKd 5.0, 5.1, ...), so that a pair is known by its affinity.
+DRUGS = {"D7": "CC(=O)N", "D2": "c1ccncc1", "D9": "CN=C", "D1": "C#N"}
+PROTEINS = {
+    f"P{i}": seq for i, seq in enumerate(["MKVLA", "GTGSFGK", "DFGAPE", "HRDLKPW", "AC", "WY"])
+}
+PKD = 5.0 + 0.1 * np.arange(24).reshape(4, 6)
+PKD[1, 2] = PKD[3, 0] = np.nan
+TRAIN_FOLDS = [[0, 5, 10], [1, 6, 11, 15], [2, 7, 12], [3, 8, 13, 16], [4, 9, 14]]
+TEST_FOLD = [17, 18, 19, 20, 21]
+
+
+def _write_deepdta(root):
+    root.mkdir(parents=True)
+    (root / "ligands_can.txt").write_text(json.dumps(DRUGS))
+    (root / "proteins.txt").write_text(json.dumps(PROTEINS))
+    with open(root / "Y", "wb") as f:
+        pickle.dump(10.0 ** (9.0 - PKD), f, protocol=2)  # Kd in nM, as Davis ships it
+    (root / "folds").mkdir()
+    (root / "folds" / "train_fold_setting1.txt").write_text(json.dumps(TRAIN_FOLDS))
+    (root / "folds" / "test_fold_setting1.txt").write_text(json.dumps(TEST_FOLD))
+    return root
+
+
+def _affinities(batches, count=None):
+    """Sorted affinities of the weighted pairs of ``batches`` (the first ``count`` pairs)."""
+    seen = []
+    for batch in batches:
+        seen.extend(batch["affinity"][batch["weight"] > 0].tolist())
+        if count is not None and len(seen) >= count:
+            return np.sort(seen[:count])
+    return np.sort(seen)
+
+
+@pytest.mark.parametrize(("split", "fold"), [("valid", 0), ("valid", 3), ("test", 1)])
+def test_deepdta_eval_split_and_valid_fold(tmp_path, split, fold):
+    root = _write_deepdta(tmp_path / "davis")
+    config = dta_config(
+        tmp_path,
+        "data.source=deepdta",
+        f"data.path={root}",
+        f"data.valid_fold={fold}",
+        f"data.eval_split={split}",
+        "data.shuffle=false",
+        "train.batch_size=4",
+        "train.eval_batch_size=4",
+    )
+    datasets = dta_workload.AffinityRegression().build_datasets(
+        config, process_index=0, process_count=1
+    )
+    pkd = PKD[~np.isnan(PKD)]  # the pairs in the folds' (row-major) order
+    held = TEST_FOLD if split == "test" else TRAIN_FOLDS[fold]
+    # Training uses the other training folds: never the held-out fold, never the test fold.
+    train = np.concatenate([f for i, f in enumerate(TRAIN_FOLDS) if i != fold])
+    assert datasets.info["eval_pairs"] == len(held)
+    assert datasets.info["train_pairs"] == len(train)
+    np.testing.assert_allclose(_affinities(datasets.eval), np.sort(pkd[held]), rtol=1e-5)
+    one_epoch = _affinities(iter(datasets.train), count=len(train))
+    np.testing.assert_allclose(one_epoch, np.sort(pkd[train]), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("source", "group_by"), [("dta_shards", "none"), ("deepdta", "protein"), ("deepdta", "drug")]
+)
+def test_shards_and_grouped_batches_read_the_same_pairs(tmp_path, source, group_by):
+    """ArrayRecord shards of a DeepDTA directory, and protein- or drug-grouped batches, give the
+    same folds and the same pairs per epoch as the directory read in a uniform shuffle."""
+    root = _write_deepdta(tmp_path / "davis")
+    path = root
+    if source == "dta_shards":
+        path = tmp_path / "shards"
+        dta_shards.write_shards(
+            molecules.load_deepdta(root),
+            molecules.Tokenizer(molecules.SMILES_CHARSET, 24),
+            molecules.Tokenizer(molecules.PROTEIN_CHARSET, 64),
+            path,
+            num_shards=3,
+        )
+    workload = dta_workload.AffinityRegression()
+    base = ["data.valid_fold=2", "train.batch_size=6", "train.eval_batch_size=4"]
+    reference, config = (
+        dta_config(tmp_path, *base, f"data.source={s}", f"data.path={p}", f"data.group_by={g}")
+        for s, p, g in (("deepdta", root, "none"), (source, path, group_by))
+    )
+    want = workload.build_datasets(reference, process_index=0, process_count=1)
+    got = workload.build_datasets(config, process_index=0, process_count=1)
+    assert got.info["eval_pairs"] == want.info["eval_pairs"] == len(TRAIN_FOLDS[2])
+    np.testing.assert_allclose(_affinities(got.eval), _affinities(want.eval), rtol=1e-6)
+    train = want.info["train_pairs"]
+    np.testing.assert_allclose(
+        _affinities(iter(got.train), count=train), _affinities(iter(want.train), count=train)
+    )
+    fields = workload.batch_fields(config, 6, got)
+    batch = next(iter(got.train))
+    for key, field in fields.items():
+        assert batch[key].shape == field.shape, key
+    if group_by != "none":
+        # Grouped batches hold few molecules of the grouped kind: smaller tables, and every
+        # batch's distinct molecules fit them (dedup raises otherwise).
+        kind = f"{group_by}_tokens"
+        assert fields[kind].shape[0] <= workload.batch_fields(reference, 6, want)[kind].shape[0]
+        for _, batch in zip(range(20), got.train, strict=False):
+            assert len(np.unique(batch[f"{group_by}_index"])) <= fields[kind].shape[0]
+
+
+def test_grouping_needs_the_pair_table(tmp_path):
+    root = _write_deepdta(tmp_path / "davis")
+    shards = tmp_path / "shards"
+    dta_shards.write_shards(
+        molecules.load_deepdta(root),
+        molecules.Tokenizer(molecules.SMILES_CHARSET, 24),
+        molecules.Tokenizer(molecules.PROTEIN_CHARSET, 64),
+        shards,
+        num_shards=1,
+    )
+    base = ["data.source=dta_shards", f"data.path={shards}", "train.batch_size=4"]
+    with pytest.raises(hopperjax.ConfigError, match=r"data\.group_by: needs a pair table"):
+        dta_config(tmp_path, *base, "data.group_by=protein")
+    config = dta_config(tmp_path, *base, "data.group_by=none", "data.protein_max_len=128")
+    with pytest.raises(hopperjax.ConfigError, match=r"data\.protein_max_len"):
+        dta_workload.AffinityRegression().build_datasets(config, process_index=0, process_count=1)
