@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from hopperjax.data import dta_shards, molecules
+from hopperjax.data import dta_batches, dta_shards, molecules
 from hopperjax.data.molecules import DataError, Tokenizer
 
 # Ids in a non-sorted order: the loader must keep the file's order, which indexes Y.
@@ -279,7 +279,7 @@ def test_dedup_batch_round_trip_and_cap():
         "protein": protein_table[p],
         "affinity": rng.normal(size=16).astype(np.float32),
     }
-    out = molecules.dedup_batch(batch, drug_rows=4, protein_rows=8)
+    out = dta_batches.dedup_batch(batch, drug_rows=4, protein_rows=8)
     assert out["drug_tokens"].shape == (4, 6) and out["protein_tokens"].shape == (8, 10)
     assert out["drug_index"].dtype == out["protein_index"].dtype == np.int32
     np.testing.assert_array_equal(out["drug_tokens"][out["drug_index"]], batch["drug"])
@@ -288,7 +288,7 @@ def test_dedup_batch_round_trip_and_cap():
     distinct = len(np.unique(p))
     assert not out["protein_tokens"][distinct:].any()  # padding rows are zeros
     with pytest.raises(ValueError, match=rf"{distinct} distinct proteins .* 2 rows"):
-        molecules.dedup_batch(batch, drug_rows=4, protein_rows=2)
+        dta_batches.dedup_batch(batch, drug_rows=4, protein_rows=2)
 
 
 def _r2(features, target):
@@ -329,7 +329,7 @@ def _pair_source(table):
     drug_tok = Tokenizer(molecules.SMILES_CHARSET, 85)
     protein_tok = Tokenizer(molecules.PROTEIN_CHARSET, 120)
     drugs, proteins, table = molecules.tokenize_table(table, drug_tok, protein_tok)
-    source = molecules.PairSource(
+    source = dta_batches.PairSource(
         drugs, proteins, table.drug_index, table.protein_index, table.affinity
     )
     return source, drug_tok, protein_tok
@@ -371,7 +371,7 @@ def test_shards_keep_the_deepdta_folds_as_record_ranges(tmp_path):
     drugs, proteins, table = molecules.tokenize_table(
         table, Tokenizer(molecules.SMILES_CHARSET, 85), Tokenizer(molecules.PROTEIN_CHARSET, 120)
     )
-    source = molecules.PairSource(
+    source = dta_batches.PairSource(
         drugs, proteins, table.drug_index, table.protein_index, table.affinity
     )
     shards = dta_shards.write_shards(
@@ -461,9 +461,9 @@ def test_convert_dta_cli(tmp_path, capsys):
 def test_grouped_order_keeps_groups_together_and_bounds_a_batch():
     rng = np.random.default_rng(0)
     groups = rng.integers(0, 40, 1000)  # 40 groups of ~25 pairs
-    order = molecules.GroupedOrder(groups, seed=3)
+    order = dta_batches.GroupedOrder(groups, seed=3)
     n = len(groups)
-    assert len(order) == n * molecules.GroupedOrder.EPOCHS
+    assert len(order) == n * dta_batches.GroupedOrder.EPOCHS
     epoch0 = np.array([order[i] for i in range(n)])
     epoch1 = np.array([order[i] for i in range(n, 2 * n)])
     # Every epoch visits every pair once, in a new order, group by group.
@@ -472,9 +472,9 @@ def test_grouped_order_keeps_groups_together_and_bounds_a_batch():
     runs = np.count_nonzero(np.diff(groups[epoch0])) + 1
     assert runs == len(np.unique(groups))
     # Same seed, same order (workers and resumed iterators rebuild it); another seed differs.
-    again = molecules.GroupedOrder(groups, seed=3)
+    again = dta_batches.GroupedOrder(groups, seed=3)
     assert [again[i] for i in range(n, n + 50)] == list(epoch1[:50])
-    other = molecules.GroupedOrder(groups, seed=4)
+    other = dta_batches.GroupedOrder(groups, seed=4)
     assert [other[i] for i in range(50)] != list(epoch0[:50])
     # No window of a batch, epoch boundaries included, holds more groups than the bound.
     for batch in (1, 7, 64, 256):
@@ -485,4 +485,4 @@ def test_grouped_order_keeps_groups_together_and_bounds_a_batch():
     sizes = np.sort(np.bincount(groups))
     assert order.max_groups_per_batch(256) == np.searchsorted(np.cumsum(sizes), 254, "right") + 2
     with pytest.raises(ValueError, match="no pairs"):
-        molecules.GroupedOrder(np.array([], np.int64), seed=0)
+        dta_batches.GroupedOrder(np.array([], np.int64), seed=0)

@@ -21,7 +21,7 @@ import numpy as np
 
 from hopperjax import scoring
 from hopperjax.config import Config, ConfigError, DtaConfig
-from hopperjax.data import dta_shards, molecules
+from hopperjax.data import dta_batches, dta_shards, molecules
 from hopperjax.workloads.base import Datasets, Field
 
 TABLE_ROW_MULTIPLE = 8  # distinct-row tables are padded to this, so they shard over the devices
@@ -71,7 +71,7 @@ def split_pairs(
 class PairData:
     """A random-access source over all of a run's pairs, with what the batches need to know."""
 
-    pairs: Any  # molecules.PairSource or dta_shards.ArrayRecordPairs
+    pairs: Any  # dta_batches.PairSource or dta_shards.ArrayRecordPairs
     drugs: int  # distinct drugs and proteins: they size the per-batch tables
     proteins: int
     folds: tuple[list[np.ndarray], np.ndarray] | None
@@ -112,7 +112,7 @@ def load_pairs(config: Config) -> PairData:
         )
     except molecules.DataError as e:
         raise ConfigError("data.path", str(e)) from None
-    pairs = molecules.PairSource(
+    pairs = dta_batches.PairSource(
         drug_tokens, protein_tokens, table.drug_index, table.protein_index, table.affinity
     )
     folds = None if table.train_folds is None else (table.train_folds, table.test_fold)
@@ -140,7 +140,7 @@ def to_model_batch(
     """A batch of pairs -> distinct-row tables + per-pair indices (offset to this process's block
     of the global tables)."""
     if dedup:
-        out = molecules.dedup_batch(
+        out = dta_batches.dedup_batch(
             {k: batch[k] for k in ("drug", "protein", "affinity")},
             drug_rows=drug_rows,
             protein_rows=protein_rows,
@@ -194,7 +194,7 @@ class AffinityRegression:
         def distinct(indices: np.ndarray, batch: int) -> dict[str, int]:
             bound = {"drug": data.drugs, "protein": data.proteins}
             if group_of is not None:
-                order = molecules.GroupedOrder(group_of[indices], seed=0)
+                order = dta_batches.GroupedOrder(group_of[indices], seed=0)
                 bound[d.group_by] = order.max_groups_per_batch(batch)
             return bound
 
@@ -221,17 +221,17 @@ class AffinityRegression:
             ds = order[process_index::process_count].map(source.__getitem__)
             return ds.batch(local, drop_remainder=True).map(convert)
 
-        train_pairs = molecules.PairSubset(data.pairs, train_idx)
+        train_pairs = dta_batches.PairSubset(data.pairs, train_idx)
         if group_of is not None:
             order = grain.MapDataset.source(
-                molecules.GroupedOrder(group_of[train_idx], seed=config.seed)
+                dta_batches.GroupedOrder(group_of[train_idx], seed=config.seed)
             )
         else:
             order = grain.MapDataset.range(len(train_idx))
             order = order.shuffle(seed=config.seed) if d.shuffle else order
             order = order.repeat(None)
         train_ds = batches(order, train_pairs, t.batch_size)
-        eval_pairs = molecules.PairSubset(data.pairs, eval_idx, eval_weights)
+        eval_pairs = dta_batches.PairSubset(data.pairs, eval_idx, eval_weights)
         eval_ds = batches(grain.MapDataset.range(len(eval_idx)), eval_pairs, eval_batch)
         return Datasets(
             train=train_ds,
