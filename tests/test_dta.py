@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO
 
 import hopperjax
-from hopperjax.data import dta_shards, molecules
+from hopperjax.data import dta_batches, dta_shards, molecules
 from hopperjax.inspect import inspect_config
 from hopperjax.precision import policy_from_config
 from hopperjax.workloads import dta as dta_workload
@@ -54,11 +54,12 @@ def dta_config(tmp_path, *overrides: str) -> hopperjax.Config:
 
 def _pairs_batch(config, indices):
     """The pairs ``indices`` of the config's data as one batch of pairs (one row per pair)."""
-    pairs = dta_workload.load_pairs(config).pairs
-    items = [pairs[int(i)] for i in indices]
+    data = dta_workload.load_pairs(config)
+    drug_tokens, protein_tokens = data.tokens
+    items = [data.pairs[int(i)] for i in indices]
     return {
-        "drug": np.stack([x["drug"] for x in items]),
-        "protein": np.stack([x["protein"] for x in items]),
+        "drug": np.stack([drug_tokens[x["drug_id"]] for x in items]),
+        "protein": np.stack([protein_tokens[x["protein_id"]] for x in items]),
         "affinity": np.array([x["affinity"] for x in items], np.float32),
         "weight": np.ones(len(items), np.float32),
     }
@@ -366,3 +367,44 @@ def test_grouping_needs_the_pair_table(tmp_path):
     config = dta_config(tmp_path, *base, "data.group_by=none", "data.protein_max_len=128")
     with pytest.raises(hopperjax.ConfigError, match=r"data\.protein_max_len"):
         dta_workload.AffinityRegression().build_datasets(config, process_index=0, process_count=1)
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+def test_batches_from_ids_equal_batches_from_token_rows(dedup):
+    """The in-memory path (pairs as ids, tokens gathered once per distinct molecule) feeds the
+    model exactly what the token-row path (shards) feeds it, up to the order of table rows."""
+    rng = np.random.default_rng(0)
+    drug_tokens = rng.integers(1, 30, (7, 24)).astype(np.int32)
+    protein_tokens = rng.integers(1, 25, (5, 64)).astype(np.int32)
+    ids = {"drug_id": rng.integers(0, 7, 40), "protein_id": rng.integers(0, 5, 40)}
+    affinity = rng.normal(size=40).astype(np.float32)
+    weight = np.ones(40, np.float32)
+    rows = dict(drug_rows=8 if dedup else 40, protein_rows=8 if dedup else 40, block=0, dedup=dedup)
+    by_id = dta_workload.to_model_batch(
+        {**ids, "affinity": affinity, "weight": weight},
+        tokens=(drug_tokens, protein_tokens),
+        **rows,
+    )
+    by_row = dta_workload.to_model_batch(
+        {
+            "drug": drug_tokens[ids["drug_id"]],
+            "protein": protein_tokens[ids["protein_id"]],
+            "affinity": affinity,
+            "weight": weight,
+        },
+        **rows,
+    )
+    tables = {"drug": drug_tokens, "protein": protein_tokens}
+    for what in ("drug", "protein"):
+        for batch in (by_id, by_row):  # each pair gathers its own molecule's tokens
+            gathered = batch[f"{what}_tokens"][batch[f"{what}_index"]]
+            np.testing.assert_array_equal(gathered, tables[what][ids[f"{what}_id"]])
+        assert by_id[f"{what}_tokens"].shape == by_row[f"{what}_tokens"].shape
+        used = len(np.unique(ids[f"{what}_id"])) if dedup else 40
+        assert not by_id[f"{what}_tokens"][used:].any()  # the rest is zero padding
+    np.testing.assert_array_equal(by_id["affinity"], by_row["affinity"])
+    with pytest.raises(ValueError, match="distinct proteins but the table has 4 rows"):
+        dta_batches.batch_from_ids(
+            {**ids, "affinity": affinity}, drug_tokens, protein_tokens,
+            drug_rows=8, protein_rows=4, dedup=True,
+        )  # fmt: skip

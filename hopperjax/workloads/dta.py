@@ -79,6 +79,7 @@ class PairData:
     skipped: int
     drug_index: np.ndarray | None = None  # per pair, when the pairs come from a table in memory
     protein_index: np.ndarray | None = None
+    tokens: tuple[np.ndarray, np.ndarray] | None = None  # then pairs are ids into these tables
 
 
 def load_pairs(config: Config) -> PairData:
@@ -112,9 +113,7 @@ def load_pairs(config: Config) -> PairData:
         )
     except molecules.DataError as e:
         raise ConfigError("data.path", str(e)) from None
-    pairs = dta_batches.PairSource(
-        drug_tokens, protein_tokens, table.drug_index, table.protein_index, table.affinity
-    )
+    pairs = dta_batches.PairIds(table.drug_index, table.protein_index, table.affinity)
     folds = None if table.train_folds is None else (table.train_folds, table.test_fold)
     return PairData(
         pairs,
@@ -125,6 +124,7 @@ def load_pairs(config: Config) -> PairData:
         table.skipped,
         drug_index=np.asarray(table.drug_index, np.int64),
         protein_index=np.asarray(table.protein_index, np.int64),
+        tokens=(drug_tokens, protein_tokens),
     )
 
 
@@ -135,11 +135,22 @@ def table_rows(local_batch: int, distinct: int, dta: DtaConfig) -> int:
 
 
 def to_model_batch(
-    batch: dict[str, np.ndarray], *, drug_rows: int, protein_rows: int, block: int, dedup: bool
+    batch: dict[str, np.ndarray],
+    *,
+    drug_rows: int,
+    protein_rows: int,
+    block: int,
+    dedup: bool,
+    tokens: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """A batch of pairs -> distinct-row tables + per-pair indices (offset to this process's block
-    of the global tables)."""
-    if dedup:
+    of the global tables). Pairs come as token rows, or as molecule ids with ``tokens`` (the drug
+    and protein token tables) to gather from."""
+    if tokens is not None:
+        out = dta_batches.batch_from_ids(
+            batch, *tokens, drug_rows=drug_rows, protein_rows=protein_rows, dedup=dedup
+        )
+    elif dedup:
         out = dta_batches.dedup_batch(
             {k: batch[k] for k in ("drug", "protein", "affinity")},
             drug_rows=drug_rows,
@@ -216,10 +227,13 @@ class AffinityRegression:
                 protein_rows=protein_rows,
                 block=process_index,
                 dedup=config.dta.deduplicate,
+                tokens=data.tokens,
             )
             local = batch // process_count
-            ds = order[process_index::process_count].map(source.__getitem__)
-            return ds.batch(local, drop_remainder=True).map(convert)
+            order = order[process_index::process_count]
+            if source.vectorized:  # pairs in memory: batch the positions, gather once
+                return order.batch(local, drop_remainder=True).map(source.take).map(convert)
+            return order.map(source.__getitem__).batch(local, drop_remainder=True).map(convert)
 
         train_pairs = dta_batches.PairSubset(data.pairs, train_idx)
         if group_of is not None:
