@@ -307,6 +307,18 @@ def test_deepdta_eval_split_and_valid_fold(tmp_path, split, fold):
     np.testing.assert_allclose(one_epoch, np.sort(pkd[train]), rtol=1e-5)
 
 
+def _write_shards(root, out, num_shards):
+    """The DeepDTA directory ``root`` as shards in ``out``, at the tiny test lengths."""
+    dta_shards.write_shards(
+        molecules.load_deepdta(root),
+        molecules.Tokenizer(molecules.SMILES_CHARSET, 24),
+        molecules.Tokenizer(molecules.PROTEIN_CHARSET, 64),
+        out,
+        num_shards=num_shards,
+    )
+    return out
+
+
 @pytest.mark.parametrize(
     ("source", "group_by"), [("dta_shards", "none"), ("deepdta", "protein"), ("deepdta", "drug")]
 )
@@ -314,16 +326,7 @@ def test_shards_and_grouped_batches_read_the_same_pairs(tmp_path, source, group_
     """ArrayRecord shards of a DeepDTA directory, and protein- or drug-grouped batches, give the
     same folds and the same pairs per epoch as the directory read in a uniform shuffle."""
     root = _write_deepdta(tmp_path / "davis")
-    path = root
-    if source == "dta_shards":
-        path = tmp_path / "shards"
-        dta_shards.write_shards(
-            molecules.load_deepdta(root),
-            molecules.Tokenizer(molecules.SMILES_CHARSET, 24),
-            molecules.Tokenizer(molecules.PROTEIN_CHARSET, 64),
-            path,
-            num_shards=3,
-        )
+    path = _write_shards(root, tmp_path / "shards", 3) if source == "dta_shards" else root
     workload = dta_workload.AffinityRegression()
     base = ["data.valid_fold=2", "train.batch_size=6", "train.eval_batch_size=4"]
     reference, config = (
@@ -352,15 +355,7 @@ def test_shards_and_grouped_batches_read_the_same_pairs(tmp_path, source, group_
 
 
 def test_grouping_needs_the_pair_table(tmp_path):
-    root = _write_deepdta(tmp_path / "davis")
-    shards = tmp_path / "shards"
-    dta_shards.write_shards(
-        molecules.load_deepdta(root),
-        molecules.Tokenizer(molecules.SMILES_CHARSET, 24),
-        molecules.Tokenizer(molecules.PROTEIN_CHARSET, 64),
-        shards,
-        num_shards=1,
-    )
+    shards = _write_shards(_write_deepdta(tmp_path / "davis"), tmp_path / "shards", 1)
     base = ["data.source=dta_shards", f"data.path={shards}", "train.batch_size=4"]
     with pytest.raises(hopperjax.ConfigError, match=r"data\.group_by: needs a pair table"):
         dta_config(tmp_path, *base, "data.group_by=protein")

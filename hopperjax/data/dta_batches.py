@@ -11,45 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 
-class PairSource:
-    """grain random-access source of single pairs from token tables and pair indices.
-
-    Item ``i``: {"drug": [Ld] int32, "protein": [Lp] int32, "affinity": [] float32}. The token
-    tables hold each molecule once, so the source stays small when grain pickles it to workers.
-    """
-
-    def __init__(
-        self,
-        drug_tokens: np.ndarray,
-        protein_tokens: np.ndarray,
-        drug_index: np.ndarray,
-        protein_index: np.ndarray,
-        affinity: np.ndarray,
-    ):
-        self._drug_tokens = np.asarray(drug_tokens, np.int32)
-        self._protein_tokens = np.asarray(protein_tokens, np.int32)
-        self._drug_index = np.asarray(drug_index, np.int64)
-        self._protein_index = np.asarray(protein_index, np.int64)
-        self._affinity = np.asarray(affinity, np.float32)
-        if not len(self._drug_index) == len(self._protein_index) == len(self._affinity):
-            raise ValueError("drug_index, protein_index and affinity differ in length")
-
-    def __len__(self) -> int:
-        return len(self._affinity)
-
-    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-        return {
-            "drug": self._drug_tokens[self._drug_index[i]],
-            "protein": self._protein_tokens[self._protein_index[i]],
-            "affinity": self._affinity[i],
-        }
-
-
-class PairIds:
-    """grain random-access source of pairs as molecule ids: item ``i`` is {"drug_id",
-    "protein_id": [] int64, "affinity": [] float32}. With the token tables in memory the batch
-    step gathers each distinct molecule's tokens once (``batch_from_ids``), so the pipeline
-    never copies a token row per pair (a Davis protein row is 4.8 kB)."""
+class _PairIndex:
+    """Per pair: the drug's and the protein's row in the token tables, and the affinity."""
 
     def __init__(self, drug_index: np.ndarray, protein_index: np.ndarray, affinity: np.ndarray):
         self._drug_index = np.asarray(drug_index, np.int64)
@@ -61,6 +24,13 @@ class PairIds:
     def __len__(self) -> int:
         return len(self._affinity)
 
+
+class PairIds(_PairIndex):
+    """grain random-access source of pairs as molecule ids: item ``i`` is {"drug_id",
+    "protein_id": [] int64, "affinity": [] float32}. With the token tables in memory the batch
+    step gathers each distinct molecule's tokens once (``batch_from_ids``), so the pipeline
+    never copies a token row per pair (a Davis protein row is 4.8 kB)."""
+
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         return self.take(i)
 
@@ -71,6 +41,45 @@ class PairIds:
             "protein_id": self._protein_index[i],
             "affinity": self._affinity[i],
         }
+
+
+class PairSource(_PairIndex):
+    """grain random-access source of single pairs as token rows (what shards hold), from token
+    tables and pair indices: item ``i`` is {"drug": [Ld] int32, "protein": [Lp] int32,
+    "affinity": [] float32}. The tables hold each molecule once, so the source stays small when
+    grain pickles it to workers.
+    """
+
+    def __init__(
+        self,
+        drug_tokens: np.ndarray,
+        protein_tokens: np.ndarray,
+        drug_index: np.ndarray,
+        protein_index: np.ndarray,
+        affinity: np.ndarray,
+    ):
+        super().__init__(drug_index, protein_index, affinity)
+        self._drug_tokens = np.asarray(drug_tokens, np.int32)
+        self._protein_tokens = np.asarray(protein_tokens, np.int32)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return {
+            "drug": self._drug_tokens[self._drug_index[i]],
+            "protein": self._protein_tokens[self._protein_index[i]],
+            "affinity": self._affinity[i],
+        }
+
+
+def _padded_table(distinct: np.ndarray, rows: int, what: str) -> np.ndarray:
+    """``distinct`` token rows, zero-padded to ``rows`` (static shapes under jit)."""
+    if len(distinct) > rows:
+        raise ValueError(
+            f"the batch has {len(distinct)} distinct {what}s but the table has {rows} rows; "
+            f"size it as min(batch size, distinct {what}s in the data)"
+        )
+    table = np.zeros((rows, distinct.shape[1]), distinct.dtype)
+    table[: len(distinct)] = distinct
+    return table
 
 
 def batch_from_ids(
@@ -93,14 +102,7 @@ def batch_from_ids(
         distinct, index = (
             np.unique(ids, return_inverse=True) if dedup else (ids, np.arange(len(ids)))
         )
-        if len(distinct) > rows:
-            raise ValueError(
-                f"the batch has {len(distinct)} distinct {what}s but the table has {rows} rows; "
-                f"size it as min(batch size, distinct {what}s in the data)"
-            )
-        table = np.zeros((rows, tokens.shape[1]), tokens.dtype)
-        table[: len(distinct)] = tokens[distinct]
-        out[f"{what}_tokens"] = table
+        out[f"{what}_tokens"] = _padded_table(tokens[distinct], rows, what)
         out[f"{what}_index"] = index.reshape(-1).astype(np.int32)
     return out
 
@@ -202,14 +204,7 @@ def _distinct_rows(rows: np.ndarray, cap: int, what: str) -> tuple[np.ndarray, n
             slot = first[key] = len(where)
             where.append(i)
         inverse[i] = slot
-    if len(where) > cap:
-        raise ValueError(
-            f"the batch has {len(where)} distinct {what}s but the table has {cap} rows; "
-            f"size it as min(batch size, distinct {what}s in the data)"
-        )
-    table = np.zeros((cap, rows.shape[1]), rows.dtype)
-    table[: len(where)] = rows[where]
-    return table, inverse
+    return _padded_table(rows[where], cap, what), inverse
 
 
 def dedup_batch(
