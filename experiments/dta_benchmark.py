@@ -7,7 +7,9 @@
 For each of the 5 training folds held out as validation: train on the other four
 (``hopperjax.train``, evaluating on the held-out fold every ``train.eval_every`` steps and keeping
 a checkpoint at each evaluation), pick the step with the lowest validation MSE, restore it, and
-score it once on the test fold. The test fold never takes part in the choice. Writes
+score it once on the test fold. The test fold never takes part in the choice. Folds already in
+``OUT/results.json`` are kept, so an interrupted benchmark goes on where it stopped (a fold that did
+not finish starts again from scratch: its wall time must be one uninterrupted run). Writes
 ``table.md`` (mean +- std of test MSE, CI, rm2, Pearson over the runs, next to DeepDTA's
 published numbers), ``results.json`` and ``scatter.png`` (predicted vs measured pKd of the test
 fold, run 1).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -151,14 +154,24 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     overrides = [f"data.path={args.data}", *args.overrides]
-    runs = []
-    for fold in (int(f) for f in args.folds.split(",")):
-        runs.append(run_fold(args.config, overrides, fold, out))
-        r = runs[-1]
+    folds = [int(f) for f in args.folds.split(",")]
+    results = out / "results.json"
+    done = {r["fold"]: r for r in json.loads(results.read_text())} if results.exists() else {}
+    for fold in folds:
+        if fold in done:
+            print(f"fold {fold}: kept from {results}", flush=True)
+            continue
+        if (out / f"fold{fold}").exists():
+            print(f"fold {fold}: discarding an unfinished run", flush=True)
+            shutil.rmtree(out / f"fold{fold}")
+        r = done[fold] = run_fold(args.config, overrides, fold, out)
         print(f"fold {fold}: best step {r['best_step']}, valid MSE {r['valid']['mse']:.4f}, "
               f"test MSE {r['test']['mse']:.4f} CI {r['test']['ci']:.4f} "
               f"rm2 {r['test']['rm2']:.4f} in {r['train_s']:.0f}s", flush=True)  # fmt: skip
-        (out / "results.json").write_text(json.dumps(runs))
+        partial = results.with_suffix(".json.tmp")
+        partial.write_text(json.dumps([done[f] for f in sorted(done)]))
+        partial.replace(results)
+    runs = [done[f] for f in folds]
     header = (
         f"{args.config} {' '.join(overrides)}; {len(runs)} runs on {jax.device_count()} "
         f"{jax.devices()[0].device_kind} device(s)"

@@ -1,0 +1,63 @@
+"""The experiment scripts' own bookkeeping (their training runs are covered elsewhere)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def load_script(name: str):
+    sys.path.insert(0, str(EXPERIMENTS))
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_run(fold: int, mse: float) -> dict:
+    scores = {"mse": mse, "ci": 0.88, "rm2": 0.63, "pearson": 0.83}
+    return {
+        "fold": fold,
+        "best_step": 100,
+        "valid": scores,
+        "test": scores,
+        "train_s": 1.0,
+        "valid_curve": [[100, mse]],
+        "measured": [5.0, 6.0, 7.0],
+        "predicted": [5.1, 6.2, 6.9],
+    }
+
+
+def test_dta_benchmark_keeps_finished_folds_and_restarts_unfinished(tmp_path, monkeypatch, capsys):
+    benchmark = load_script("dta_benchmark")
+    (tmp_path / "results.json").write_text(json.dumps([fake_run(0, 0.25)]))
+    (tmp_path / "fold1" / "checkpoints").mkdir(parents=True)  # an interrupted run
+    (tmp_path / "fold1" / "checkpoints" / "stale").write_text("x")
+    trained = []
+
+    def run_fold(config_path, overrides, fold, out):
+        assert not (out / f"fold{fold}").exists(), "an unfinished fold must start from scratch"
+        trained.append(fold)
+        return fake_run(fold, 0.27)
+
+    monkeypatch.setattr(benchmark, "run_fold", run_fold)
+    assert benchmark.main(["--data", "unused", "--folds", "0,1", "--out", str(tmp_path)]) == 0
+
+    assert trained == [1]
+    runs = json.loads((tmp_path / "results.json").read_text())
+    assert [r["fold"] for r in runs] == [0, 1]
+    assert not (tmp_path / "results.json.tmp").exists()
+    table = (tmp_path / "table.md").read_text()
+    assert "hopperjax (2 runs) | 0.260 ± 0.010" in table
+    out = capsys.readouterr().out
+    assert "fold 0: kept" in out and "fold 1: discarding an unfinished run" in out
+
+
+def test_dta_benchmark_table_lists_published_numbers(tmp_path):
+    benchmark = load_script("dta_benchmark")
+    text = benchmark.write_table([fake_run(0, 0.25)], "header", tmp_path / "t.md")
+    assert "| DeepDTA (CNN/CNN) (published) | 0.261 | 0.878 | 0.630 |" in text
