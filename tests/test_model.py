@@ -335,3 +335,30 @@ def test_dense_matches_einsum(features, axes, in_shape, equation, use_bias):
         expected = expected + params["bias"]
     assert y.shape == expected.shape == (*in_shape[:-n_in], *features)
     np.testing.assert_allclose(y, expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "features,axes,in_shape",
+    [((24,), ("embed", "mlp"), (2, 5, 16)), ((16,), ("heads", "kv", "embed"), (2, 5, 2, 8))],
+)
+def test_dense_weight_gradient_contracts_one_leading_dim(features, axes, in_shape):
+    """Batch and length reach the weight-gradient GEMM as one dim (no 2-dim contraction that
+    XLA:CPU would canonicalize with a transposed copy of the output gradient)."""
+    layer = layers.Dense(features=features, kernel_axes=axes, std=0.1)
+    x = jax.random.normal(jax.random.key(3), in_shape, jnp.float32)
+    params = nn.meta.unbox(layer.init(jax.random.key(4), x))["params"]
+    kernel_size = params["kernel"].size
+
+    def loss(kernel):
+        return jnp.sum(layer.apply({"params": {"kernel": kernel}}, x) ** 2)
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(params["kernel"])
+    weight_grads = [
+        e
+        for e in jaxpr.eqns
+        if e.primitive.name == "dot_general" and e.outvars[0].aval.size == kernel_size
+    ]
+    assert weight_grads, jaxpr
+    for eqn in weight_grads:
+        (lhs_contract, rhs_contract), _ = eqn.params["dimension_numbers"]
+        assert len(lhs_contract) == len(rhs_contract) == 1, eqn
