@@ -362,3 +362,15 @@ def test_dense_weight_gradient_contracts_one_leading_dim(features, axes, in_shap
     for eqn in weight_grads:
         (lhs_contract, rhs_contract), _ = eqn.params["dimension_numbers"]
         assert len(lhs_contract) == len(rhs_contract) == 1, eqn
+
+
+def test_gelu_exact_matches_jax_erfc_form():
+    """``layers.gelu_exact`` (erf, as PyTorch writes it) equals ``jax.nn.gelu(approximate=False)``
+    (erfc) within 1e-6 absolute, values and gradients, from the far tails to zero."""
+    x = jnp.linspace(-12.0, 12.0, 4001, dtype=jnp.float32)
+    np.testing.assert_allclose(
+        layers.gelu_exact(x), jax.nn.gelu(x, approximate=False), atol=1e-6, rtol=0
+    )
+    grad = jax.vmap(jax.grad(layers.gelu_exact))(x)
+    reference = jax.vmap(jax.grad(functools.partial(jax.nn.gelu, approximate=False)))(x)
+    np.testing.assert_allclose(grad, reference, atol=1e-6, rtol=0)

@@ -96,7 +96,7 @@ class Block(nn.Module):
                 use_bias=cfg.use_bias,
                 name="mlp_in",
             )(h)
-            h = nn.gelu(checkpoint_name(h, "mlp_in"), approximate=False)
+            h = layers.gelu_exact(checkpoint_name(h, "mlp_in"))
         h = checkpoint_name(h, "mlp_hidden")
         h = layers.dense(
             cfg.d_model,
