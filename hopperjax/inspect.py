@@ -39,7 +39,8 @@ _WRAPPERS = re.compile(
 def layer_of(op_name: str) -> str:
     """'jit(train_step)/transpose(jvp(GPT))/while/body/closed_call/blocks/mlp_in/dot_general'
     -> 'blocks/mlp_in'."""
-    parts = [p for p in op_name.split("/")[:-1] if not _WRAPPERS.match(p)]
+    # jnp.einsum names a scope after its spec ('btnh,bsnh->bnts'): a detail of the layer.
+    parts = [p for p in op_name.split("/")[:-1] if not _WRAPPERS.match(p) and "->" not in p]
     return "/".join(parts) or op_name
 
 
