@@ -354,6 +354,18 @@ def test_shards_and_grouped_batches_read_the_same_pairs(tmp_path, source, group_
             assert len(np.unique(batch[f"{group_by}_index"])) <= fields[kind].shape[0]
 
 
+def test_shards_refuse_a_run_that_reads_their_affinities_in_other_units(tmp_path):
+    """Shards remember whether their affinities are pKd: training them with the other data.pkd
+    would fit numbers in the wrong units, so it is a one-line error naming data.pkd."""
+    shards = _write_shards(_write_deepdta(tmp_path / "davis"), tmp_path / "shards", 1)
+    assert dta_shards.read_shards(shards).pkd is True
+    assert dta_shards.read_shards(shards).unknown_chars == {"drug": "error", "protein": "error"}
+    base = ["data.source=dta_shards", f"data.path={shards}", "data.group_by=none"]
+    with pytest.raises(hopperjax.ConfigError, match=r"data\.pkd: .* holds pKd .*, got False"):
+        dta_workload.load_pairs(dta_config(tmp_path, *base, "data.pkd=false"))
+    assert dta_workload.load_pairs(dta_config(tmp_path, *base)).pairs is not None
+
+
 def test_grouping_needs_the_pair_table(tmp_path):
     shards = _write_shards(_write_deepdta(tmp_path / "davis"), tmp_path / "shards", 1)
     base = ["data.source=dta_shards", f"data.path={shards}", "train.batch_size=4"]

@@ -53,6 +53,8 @@ class ShardSet:
     protein_max_len: int
     skipped: int
     splits: dict[str, tuple[int, int]] | None
+    pkd: bool | None = None  # as ``DtaTable.pkd``; None also for sets written before it was kept
+    unknown_chars: dict[str, str] | None = None  # tokenizer policies at conversion (a record)
 
     @property
     def train_folds(self) -> list[np.ndarray] | None:
@@ -185,6 +187,8 @@ def write_shards(
         "protein_max_len": protein_max,
         "skipped": table.skipped,
         "splits": splits,
+        "pkd": table.pkd,
+        "unknown_chars": {"drug": drug_tokenizer.unknown, "protein": protein_tokenizer.unknown},
     }
     _atomic_write(out / META_NAME, lambda temp: temp.write_text(json.dumps(meta, indent=1)))
     return read_shards(out)
@@ -220,6 +224,8 @@ def read_shards(directory: str | Path) -> ShardSet:
             protein_max_len=int(meta["protein_max_len"]),
             skipped=int(meta["skipped"]),
             splits=None if splits is None else {k: tuple(v) for k, v in splits.items()},
+            pkd=meta.get("pkd"),
+            unknown_chars=meta.get("unknown_chars"),
         )
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         if isinstance(e, DataError):

@@ -111,7 +111,8 @@ class DtaTable:
     ``drug_index``, ``protein_index``: [pairs] int32; ``affinity``: [pairs] float32 (pKd, or the
     file's values). ``train_folds`` / ``test_fold``: pair indices of the DeepDTA split, else None.
     ``source`` names where the table came from, for messages; ``skipped`` counts the pairs dropped
-    as bad records or for unknown characters.
+    as bad records or for unknown characters. ``pkd``: True when ``affinity`` was converted from
+    Kd (nM) to pKd, False when it holds the file's values, None when neither applies (synthetic).
     """
 
     drug_ids: list[str]
@@ -125,6 +126,7 @@ class DtaTable:
     test_fold: np.ndarray | None
     source: str
     skipped: int = 0
+    pkd: bool | None = None
 
     def subset(self, pair_indices: Sequence[int] | np.ndarray) -> DtaTable:
         """The given pairs (same drug and protein lists); folds do not carry over."""
@@ -385,6 +387,7 @@ def load_deepdta(
         train_folds=train_folds,
         test_fold=test_fold,
         source=str(root),
+        pkd=pkd,
     )
     if bad.all():
         raise DataError(f"{y_path}: every measured pair is a bad record")
@@ -481,6 +484,7 @@ def load_dta_csv(
         test_fold=None,
         source=str(path),
         skipped=skipped,
+        pkd=pkd,
     )
 
 

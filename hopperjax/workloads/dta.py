@@ -95,6 +95,9 @@ def load_pairs(config: Config) -> PairData:
                         f"{d.path} holds tokens of length {getattr(shards, key)}, "
                         f"got {getattr(d, key)}",
                     )
+            if shards.pkd is not None and shards.pkd != d.pkd:
+                held = "pKd (converted from Kd)" if shards.pkd else "the file's values (no pKd)"
+                raise ConfigError("data.pkd", f"{d.path} holds {held}, got {d.pkd}")
             folds = None if shards.splits is None else (shards.train_folds, shards.test_fold)
             return PairData(
                 dta_shards.open_pairs(shards),
