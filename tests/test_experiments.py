@@ -61,3 +61,15 @@ def test_dta_benchmark_table_lists_published_numbers(tmp_path):
     benchmark = load_script("dta_benchmark")
     text = benchmark.write_table([fake_run(0, 0.25)], "header", tmp_path / "t.md")
     assert "| DeepDTA (CNN/CNN) (published) | 0.261 | 0.878 | 0.630 |" in text
+
+
+def test_attention_bench_times_both_paths(capsys):
+    spec = importlib.util.spec_from_file_location(
+        "attention_bench", EXPERIMENTS.parent / "tools" / "attention_bench.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--shape", "2,8,2,4", "--repeats", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["shape"] == [2, 8, 2, 4] and report["causal"] is True
+    assert report["layers_attention_ms"] > 0 and report["jax_dot_product_attention_ms"] > 0
