@@ -138,7 +138,10 @@ class TrainConfig:
     batch; activation memory of one microbatch). ``eval_at_start``: also evaluate before the
     first step of a fresh run (logged as step 0). ``sync_every_step``: wait for each step to
     finish, as eager frameworks do, and log every step's own time (``step_times_s``); off, the
-    loop keeps up to a few steps in flight and times log windows.
+    loop keeps up to a few steps in flight and times log windows. ``host_heap_pad_mib``: host
+    memory the C heap keeps between steps instead of returning it to the kernel
+    (``memory/host_heap.py``); None: on the CPU backend, enough for the compiled step's temporary
+    buffer, elsewhere nothing; 0: the allocator's default.
     """
 
     steps: int = 500
@@ -154,6 +157,7 @@ class TrainConfig:
     async_checkpoint: bool = True
     stop_after: int | None = None
     microbatches: int = 1
+    host_heap_pad_mib: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -573,6 +577,11 @@ def validate(config: Config) -> None:
         raise ConfigError(
             "train.microbatches",
             f"must divide train.batch_size={t.batch_size}, got {t.microbatches}",
+        )
+    if t.host_heap_pad_mib is not None and not 0 <= t.host_heap_pad_mib < 2048:
+        raise ConfigError(
+            "train.host_heap_pad_mib",
+            f"expected 0 <= MiB < 2048 or null, got {t.host_heap_pad_mib}",
         )
 
     _positive("optim.base_lr", o.base_lr)

@@ -333,3 +333,97 @@ def test_find_batch_cli_result_fits_and_the_next_power_of_two_does_not(tmp_path,
     next_pow2 = 1 << batch.bit_length()
     assert budget.probe_batch(config, next_pow2)[0] > limit
     assert f"{search['learning_rate']:.3g}" in printed
+
+
+# ---------------------------------------------------------------------------------------------
+# Host heap (XLA:CPU's per-step temporary buffer stays resident)
+
+
+class _FakeLibc:
+    def __init__(self, accept: bool = True):
+        self.calls: list[tuple[int, int]] = []
+        self.accept = accept
+
+    def mallopt(self, param: int, value: int) -> int:
+        self.calls.append((param, value))
+        return 1 if self.accept else 0
+
+
+@pytest.fixture
+def fake_libc(monkeypatch):
+    from hopperjax.memory import host_heap
+
+    libc = _FakeLibc()
+    monkeypatch.setattr(host_heap, "_glibc", lambda: libc)
+    monkeypatch.setattr(host_heap, "_applied", 0)
+    return libc
+
+
+def test_host_heap_pad_covers_the_temp_buffer_and_a_margin():
+    from hopperjax.memory.host_heap import pad_for
+
+    mib = 1 << 20
+    assert pad_for(48 * mib) == 48 * mib + 16 * mib
+    assert pad_for(48 * mib + 1) == 64 * mib + 16 * mib
+    assert pad_for(1) == 16 * mib + 16 * mib
+
+
+def test_host_heap_auto_sizes_from_the_compiled_step_on_cpu(tiny_config, fake_libc):
+    from hopperjax.memory import host_heap
+    from hopperjax.trainer import build_components
+
+    compiled = build_components(tiny_config()).lower_train_step().compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    assert temp > 0
+    setting = host_heap.keep_step_memory(None, backend="cpu", compiled_steps=[compiled])
+    pad = host_heap.pad_for(temp)
+    assert setting.pad_bytes == pad
+    # Both glibc knobs: the threshold keeps the buffer in the heap, the pad keeps the heap.
+    assert fake_libc.calls == [(host_heap.M_MMAP_THRESHOLD, pad), (host_heap.M_TOP_PAD, pad)]
+    assert "keeps" in setting.describe() and "auto" in setting.describe()
+
+    # Only ever raised: a smaller request leaves the larger setting in place.
+    again = host_heap.keep_step_memory(1, backend="cpu")
+    assert again.pad_bytes == pad and len(fake_libc.calls) == 2
+    bigger = host_heap.keep_step_memory(pad // (1 << 20) + 64, backend="cpu")
+    assert bigger.pad_bytes == pad + (64 << 20) and len(fake_libc.calls) == 4
+
+
+@pytest.mark.parametrize(
+    ("pad_mib", "backend", "reason"),
+    [(0, "cpu", "host_heap_pad_mib=0"), (None, "gpu", "gpu backend")],
+)
+def test_host_heap_leaves_the_allocator_alone_when_asked_or_off_cpu(
+    fake_libc, pad_mib, backend, reason
+):
+    from hopperjax.memory import host_heap
+
+    setting = host_heap.keep_step_memory(pad_mib, backend=backend, compiled_steps=[])
+    assert setting.pad_bytes == 0 and reason in setting.describe()
+    assert fake_libc.calls == []
+
+
+def test_host_heap_reports_a_refusal_and_a_foreign_libc(monkeypatch):
+    from hopperjax.memory import host_heap
+
+    monkeypatch.setattr(host_heap, "_applied", 0)
+    monkeypatch.setattr(host_heap, "_glibc", lambda: _FakeLibc(accept=False))
+    refused = host_heap.keep_step_memory(64, backend="cpu")
+    assert refused.pad_bytes == 0 and "refused" in refused.describe()
+    monkeypatch.setattr(host_heap, "_glibc", lambda: None)
+    foreign = host_heap.keep_step_memory(64, backend="cpu")
+    assert foreign.pad_bytes == 0 and "not glibc" in foreign.describe()
+
+
+def test_host_heap_finds_glibc_on_linux():
+    from hopperjax.memory import host_heap
+
+    if not sys.platform.startswith("linux") or host_heap._glibc() is None:
+        pytest.skip("not a glibc platform")
+    assert callable(host_heap._glibc().mallopt)
+
+
+@pytest.mark.parametrize("value", [-1, 2048])
+def test_host_heap_pad_out_of_range_names_the_key(tiny_config, value):
+    with pytest.raises(ConfigError, match=r"train\.host_heap_pad_mib"):
+        tiny_config(f"train.host_heap_pad_mib={value}")

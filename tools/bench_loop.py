@@ -24,6 +24,7 @@ import jax
 
 import hopperjax
 from hopperjax.data import DevicePrefetcher, make_iterator
+from hopperjax.memory import host_heap
 from hopperjax.trainer import build_components
 
 
@@ -37,10 +38,15 @@ def _time_chunks(run_chunk, *, chunks: int) -> list[float]:
 
 
 def bare_step_seconds(config: hopperjax.Config, *, steps: int, chunk: int) -> float:
-    """Median per-step time of the compiled step alone, batches resident on the devices."""
+    """Median per-step time of the compiled step alone, batches resident on the devices, with
+    the loop's host heap setting (``train.host_heap_pad_mib``)."""
     parts = build_components(config)
     state = parts.init_state()
     step = parts.lower_train_step().compile()
+    heap = host_heap.keep_step_memory(
+        config.train.host_heap_pad_mib, backend=jax.default_backend(), compiled_steps=[step]
+    )
+    print(heap.describe(), file=sys.stderr)
     batches = DevicePrefetcher(
         make_iterator(parts.datasets.train, config),
         parts.batch_sharding,

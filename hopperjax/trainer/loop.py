@@ -26,6 +26,7 @@ from hopperjax import config as config_lib
 from hopperjax.checkpoint import Checkpointer
 from hopperjax.config import Config, ConfigError
 from hopperjax.data import DevicePrefetcher, make_iterator
+from hopperjax.memory import host_heap
 from hopperjax.observe import MetricsWriter
 from hopperjax.observe.flops import Throughput
 from hopperjax.observe.gpu import GpuMonitor, device_memory_stats
@@ -243,6 +244,11 @@ def train(
         train_step = parts.lower_train_step().compile()
         eval_step = parts.lower_eval_step().compile()
         compile_s = time.perf_counter() - compile_start
+        heap = host_heap.keep_step_memory(
+            t.host_heap_pad_mib,
+            backend=jax.default_backend(),
+            compiled_steps=(train_step, eval_step),
+        )
 
         writer = MetricsWriter(
             run_dir,
@@ -260,7 +266,7 @@ def train(
             f"peak {throughput.peak_tflops_per_device:.3g} TFLOP/s/device "
             f"({parts.peak_source}) | "
             + (f"resumed at step {start}" if start else "fresh start")
-            + f" | {run_dir}"
+            + f" | {heap.describe()} | {run_dir}"
         )
         effects = _SideEffects(
             writer=writer,
