@@ -72,6 +72,10 @@ class DataConfig:
     evaluation then uses ``train.eval_batches`` random batches of the eval split).
     ``group_by: protein`` (or ``drug``) orders each epoch group by group, in random order, so a
     batch holds the pairs of a few proteins and the model encodes a few instead of hundreds.
+    ``read_threads`` / ``read_buffer``: grain threads, and batches they read ahead, in each
+    reading process (this one, or each of ``workers``). grain's own defaults (16 threads, 500
+    batches ahead) hold hundreds of batches in host memory and spend the step's CPU on a small
+    host; ``device_prefetch`` already overlaps reading with the step.
     """
 
     source: Literal["embedded", "text", "deepdta", "dta_csv", "dta_synthetic", "dta_shards"] = (
@@ -85,6 +89,8 @@ class DataConfig:
     shuffle: bool = True
     workers: int = 0
     worker_buffer_size: int = 4
+    read_threads: int = 2
+    read_buffer: int = 8
     device_prefetch: int = 2
     drug_max_len: int = 85
     protein_max_len: int = 1200
@@ -520,6 +526,9 @@ def validate(config: Config) -> None:
     if d.workers < 0:
         raise ConfigError("data.workers", f"expected >= 0, got {d.workers}")
     _positive("data.worker_buffer_size", d.worker_buffer_size)
+    if d.read_threads < 0:
+        raise ConfigError("data.read_threads", f"expected >= 0, got {d.read_threads}")
+    _positive("data.read_buffer", d.read_buffer)
     _positive("data.device_prefetch", d.device_prefetch)
     if d.source in ("text", "dta_csv"):
         if not d.path:

@@ -271,6 +271,34 @@ def test_worker_process_yields_same_batches(text_config):
         _assert_batches_equal(a, b)
 
 
+def test_read_options_bound_the_batches_read_ahead(text_config, monkeypatch):
+    """data.read_threads / read_buffer reach grain (its own defaults read 500 batches ahead), and
+    any setting yields the same batches in the same order."""
+    import grain
+
+    seen = []
+    original = grain.MapDataset.to_iter_dataset
+
+    def spy(self, read_options=None, **kwargs):
+        seen.append(read_options)
+        return original(self, read_options, **kwargs)
+
+    monkeypatch.setattr(grain.MapDataset, "to_iter_dataset", spy)
+    default = text_config()
+    synchronous = text_config("data.read_threads=0", "data.read_buffer=1")
+    train = build_datasets(default, process_index=0, process_count=1).train
+    threaded, inline = make_iterator(train, default), make_iterator(train, synchronous)
+    assert [(o.num_threads, o.prefetch_buffer_size) for o in seen] == [(2, 8), (0, 1)]
+    for _ in range(3):
+        _assert_batches_equal(next(inline), next(threaded))
+
+
+@pytest.mark.parametrize(("key", "value"), [("read_threads", -1), ("read_buffer", 0)])
+def test_bad_read_options_name_the_key(text_config, key, value):
+    with pytest.raises(hopperjax.ConfigError, match=rf"data\.{key}"):
+        text_config(f"data.{key}={value}")
+
+
 class _CountingIterator:
     """Wraps a grain iterator; sets ``ahead`` once ``target`` batches were read from it."""
 

@@ -119,8 +119,13 @@ def build_text_datasets(config: Config, *, process_index: int, process_count: in
 
 
 def make_iterator(dataset: grain.MapDataset, config: Config) -> grain.DatasetIterator:
-    """An iterator over ``dataset``, with ``data.workers`` worker processes when > 0."""
-    ds = dataset.to_iter_dataset()
+    """An iterator over ``dataset``, with ``data.workers`` worker processes when > 0, each reading
+    ``data.read_buffer`` batches ahead with ``data.read_threads`` threads."""
+    ds = dataset.to_iter_dataset(
+        grain.ReadOptions(
+            num_threads=config.data.read_threads, prefetch_buffer_size=config.data.read_buffer
+        )
+    )
     if config.data.workers > 0:
         # Known compromise: grain 0.2.18's worker start-up reads an absl flag and raises unless
         # absl has parsed the command line (google/grain#1355). We parse nothing with absl, so
