@@ -257,15 +257,20 @@ def measure_step_seconds(
     parts: Any = None,
     compiled: jax.stages.Compiled | None = None,
 ) -> float:
-    """Median wall time of the compiled train step on a batch already on the devices.
+    """Median wall time of the compiled train step on a batch already on the devices, with the
+    loop's host heap setting (``train.host_heap_pad_mib``), as a run would time it.
 
     ``parts`` / ``compiled``: the run's components and compiled step, when the caller has them.
     """
     from hopperjax.data import to_global_batch
+    from hopperjax.memory import host_heap
     from hopperjax.trainer import build_components
 
     parts = parts or build_components(config)
     compiled = compiled or parts.lower_train_step().compile()
+    host_heap.keep_step_memory(
+        config.train.host_heap_pad_mib, backend=jax.default_backend(), compiled_steps=[compiled]
+    )
     local = next(iter(parts.datasets.train))  # one real batch, reused: the input is not timed
     batch = to_global_batch(local, parts.batch_sharding, blocks=parts.batch_blocks)
     state = parts.init_state()
