@@ -415,12 +415,14 @@ def test_host_heap_reports_a_refusal_and_a_foreign_libc(monkeypatch):
     assert foreign.pad_bytes == 0 and "not glibc" in foreign.describe()
 
 
-def test_host_heap_finds_glibc_on_linux():
+def test_host_heap_finds_glibc_where_python_runs_on_it():
+    import platform
+
     from hopperjax.memory import host_heap
 
-    if not sys.platform.startswith("linux") or host_heap._glibc() is None:
+    if platform.libc_ver()[0] != "glibc":
         pytest.skip("not a glibc platform")
-    assert callable(host_heap._glibc().mallopt)
+    assert host_heap._glibc() is not None
 
 
 @pytest.mark.parametrize("value", [-1, 2048])

@@ -43,9 +43,7 @@ def bare_step_seconds(config: hopperjax.Config, *, steps: int, chunk: int) -> fl
     parts = build_components(config)
     state = parts.init_state()
     step = parts.lower_train_step().compile()
-    heap = host_heap.keep_step_memory(
-        config.train.host_heap_pad_mib, backend=jax.default_backend(), compiled_steps=[step]
-    )
+    heap = host_heap.keep_step_memory(config.train.host_heap_pad_mib, compiled_steps=[step])
     print(heap.describe(), file=sys.stderr)
     batches = DevicePrefetcher(
         make_iterator(parts.datasets.train, config),

@@ -268,9 +268,7 @@ def measure_step_seconds(
 
     parts = parts or build_components(config)
     compiled = compiled or parts.lower_train_step().compile()
-    host_heap.keep_step_memory(
-        config.train.host_heap_pad_mib, backend=jax.default_backend(), compiled_steps=[compiled]
-    )
+    host_heap.keep_step_memory(config.train.host_heap_pad_mib, compiled_steps=[compiled])
     local = next(iter(parts.datasets.train))  # one real batch, reused: the input is not timed
     batch = to_global_batch(local, parts.batch_sharding, blocks=parts.batch_blocks)
     state = parts.init_state()

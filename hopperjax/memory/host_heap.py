@@ -26,6 +26,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+import jax
+
 # glibc's mallopt parameters
 M_TOP_PAD = -2  # bytes kept at the top of a heap when it is trimmed
 M_MMAP_THRESHOLD = -3  # allocations at least this large are mapped from the kernel one by one
@@ -66,7 +68,7 @@ def pad_for(temp_bytes: int) -> int:
 
 
 def keep_step_memory(
-    pad_mib: int | None, *, backend: str, compiled_steps: Iterable[Any] = ()
+    pad_mib: int | None, *, compiled_steps: Iterable[Any] = (), backend: str | None = None
 ) -> HeapSetting:
     """Applies ``train.host_heap_pad_mib``.
 
@@ -74,9 +76,10 @@ def keep_step_memory(
       pad_mib: None: automatic (CPU backend: ``pad_for`` the largest temp buffer of
         ``compiled_steps``; other backends: leave the allocator alone, their step memory is on the
         device). 0: leave the allocator alone. N > 0: keep N MiB.
-      backend: ``jax.default_backend()``.
       compiled_steps: the executables the loop runs (``jax.stages.Compiled``).
+      backend: the platform the steps run on; None: ``jax.default_backend()``.
     """
+    backend = backend or jax.default_backend()
     if pad_mib == 0:
         return HeapSetting(0, "train.host_heap_pad_mib=0")
     if pad_mib is None:

@@ -245,9 +245,7 @@ def train(
         eval_step = parts.lower_eval_step().compile()
         compile_s = time.perf_counter() - compile_start
         heap = host_heap.keep_step_memory(
-            t.host_heap_pad_mib,
-            backend=jax.default_backend(),
-            compiled_steps=(train_step, eval_step),
+            t.host_heap_pad_mib, compiled_steps=(train_step, eval_step)
         )
 
         writer = MetricsWriter(
