@@ -28,6 +28,7 @@ import hopperjax
 from hopperjax.memory import budget, offload
 from hopperjax.observe import hlo
 from hopperjax.trainer import build_components
+from hopperjax.trainer.measure import measure_step_seconds
 
 NAMED = {
     "save_names": ["remat.names=qkv,mlp_hidden"],
@@ -46,7 +47,7 @@ def measure(config_path: str, overrides: list[str], policy: str, steps: int) -> 
     gemms, _ = hlo.analyze(compiled.as_text(), num_devices=parts.mesh.size)
     flops = sum(g.flops for g in gemms) * parts.mesh.size
 
-    step_s = budget.measure_step_seconds(config, steps=steps, parts=parts, compiled=compiled)
+    step_s = measure_step_seconds(config, steps=steps, parts=parts, compiled=compiled)
     return {
         "policy": policy,
         "temp_bytes": memory["temp_bytes"],

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import yaml
 
+from hopperjax import workloads
+
 
 class ConfigError(ValueError):
     """A bad configuration value; ``key`` is the dotted name of the offending key."""
@@ -28,111 +30,30 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """GPT-style decoder (``kind: gpt``). ``mlp_dim`` None means 4 x ``d_model``.
-
-    ``scan_unroll``: blocks unrolled per iteration of the layer scan (``n_layers``: no loop left;
-    worth it for small models, whose step time the loop's overhead dominates).
-
-    ``kind: dta`` is the drug-target affinity model; its own keys are in the ``dta`` group, and
-    of these only ``dropout``, ``init_std`` and ``norm_eps`` apply to it.
-    """
-
-    kind: Literal["gpt", "dta"] = "gpt"
-    vocab_size: int = 256
-    d_model: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    mlp_dim: int | None = None
-    max_len: int = 128
-    positions: Literal["rope", "learned"] = "rope"
-    mlp: Literal["gelu", "swiglu"] = "gelu"
-    tie_embeddings: bool = True
-    use_bias: bool = False
-    dropout: float = 0.0
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    init_std: float = 0.02
-    scan_unroll: int = 1
+    """Base of the ``model:`` group. The workload's module defines the fields (its model's
+    sizes and options, ``models/<name>.py``); every one of them shapes the train state, so a run
+    directory with checkpoints refuses a change to any of them."""
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Input pipeline. ``source: embedded`` needs no file: it reads hopperjax's own sources.
+    """Base of the ``data:`` group: the pipeline keys every workload has. The workload's module
+    adds its source keys (``source``, ``path``, sequence lengths, ...) in a subclass.
 
-    Drug-target affinity sources (``model.kind: dta``): ``deepdta`` (a DeepDTA directory: JSON
-    ligands and proteins, the affinity matrix ``Y``, ``folds/``), ``dta_csv`` (a CSV/TSV file with
-    columns smiles, sequence, affinity), ``dta_synthetic`` (generated pairs with a hidden
-    structure, for scale tests) and ``dta_shards`` (a directory of ArrayRecord shards written by
-    ``tools/convert_dta.py`` from any of these; read by grain, with ``workers`` processes).
-    ``valid_fold``: the DeepDTA training fold held out for eval when ``eval_split`` is ``valid``;
-    ``eval_split: test`` evaluates on the test fold instead (report, never select, on it).
-    Text (``embedded``, ``text``): ``tokenizer`` ``bytes`` (256 ids) or ``chars`` (the sorted
-    distinct characters of the text, saved to the run's ``vocab.json``); ``sampling`` ``windows``
-    (seq_len strides, shuffled per epoch) or ``random`` (uniform random offsets with replacement;
-    evaluation then uses ``train.eval_batches`` random batches of the eval split).
-    ``group_by: protein`` (or ``drug``) orders each epoch group by group, in random order, so a
-    batch holds the pairs of a few proteins and the model encodes a few instead of hundreds.
-    ``read_threads`` / ``read_buffer``: grain threads, and batches they read ahead, in each
-    reading process (this one, or each of ``workers``). grain's own defaults (16 threads, 500
-    batches ahead) hold hundreds of batches in host memory and spend the step's CPU on a small
-    host; ``device_prefetch`` already overlaps reading with the step.
+    ``shuffle``: reshuffle the training examples every epoch. ``workers``: grain worker processes
+    (0 = read in the training process). ``read_threads`` / ``read_buffer``: grain threads, and
+    batches they read ahead, in each reading process (this one, or each of ``workers``). grain's
+    own defaults (16 threads, 500 batches ahead) hold hundreds of batches in host memory and
+    spend the step's CPU on a small host; ``device_prefetch`` already overlaps reading with the
+    step. ``device_prefetch``: global batches transferred to the devices ahead of the step.
     """
 
-    source: Literal["embedded", "text", "deepdta", "dta_csv", "dta_synthetic", "dta_shards"] = (
-        "embedded"
-    )
-    path: str | None = None
-    tokenizer: Literal["bytes", "chars"] = "bytes"
-    sampling: Literal["windows", "random"] = "windows"
-    seq_len: int = 128
-    eval_fraction: float = 0.1
     shuffle: bool = True
     workers: int = 0
     worker_buffer_size: int = 4
     read_threads: int = 2
     read_buffer: int = 8
     device_prefetch: int = 2
-    drug_max_len: int = 85
-    protein_max_len: int = 1200
-    pkd: bool = True
-    unknown_chars: Literal["error", "skip", "unk"] = "error"
-    bad_records: Literal["error", "skip"] = "error"
-    valid_fold: int = 0
-    eval_split: Literal["valid", "test"] = "valid"
-    group_by: Literal["none", "protein", "drug"] = "none"
-    synthetic_pairs: int = 100_000
-    synthetic_drugs: int = 2_000
-    synthetic_proteins: int = 500
-
-
-@dataclasses.dataclass(frozen=True)
-class DtaConfig:
-    """Drug-target affinity model (``model.kind: dta``, ``models/dta.py``).
-
-    Each encoder is ``cnn`` (DeepDTA: three 1-D convolutions of ``filters``, 2x and 3x channels,
-    ReLU, global max pool) or ``transformer`` (``layers`` pre-norm blocks of width ``d_model`` from
-    the GPT's layer factories, bidirectional with padding masked, mean-pooled). ``protein_pool`` > 1
-    max-pools the protein sequence by that factor after each of the first two convolutions.
-    ``head_dims``: the MLP on the concatenated drug and protein vectors (comma-separated).
-    ``deduplicate``: encode each distinct drug and protein of a batch once and gather per pair.
-    """
-
-    drug_encoder: Literal["cnn", "transformer"] = "cnn"
-    protein_encoder: Literal["cnn", "transformer"] = "cnn"
-    embed_dim: int = 128
-    filters: int = 32
-    drug_kernel: int = 4
-    protein_kernel: int = 8
-    protein_pool: int = 1
-    d_model: int = 128
-    layers: int = 2
-    heads: int = 4
-    head_dims: str = "1024,1024,512"
-    deduplicate: bool = True
-
-    @property
-    def head_sizes(self) -> tuple[int, ...]:
-        return tuple(int(x) for x in self.head_dims.split(",") if x.strip())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,29 +160,32 @@ class LossScaleConfig:
 class Fp8Config:
     """FP8 matmuls for ``precision: fp8`` (delayed scaling: e4m3 forward, e5m2 gradients).
 
-    ``layers``: comma-separated Dense layer names that run in FP8; everything else (embedding,
-    logits, norms, attention scores) stays in bf16/fp32.
+    ``layers``: comma-separated Dense layer names that run in FP8, from the workload's
+    ``fp8_layers``; null: the workload's ``default_fp8_layers`` (a transformer's block
+    projections). Everything else (embeddings, logits, norms, attention scores) stays in
+    bf16/fp32.
     """
 
     backend: Literal["xla", "te"] = "xla"
     amax_history_length: int = 1024
-    layers: str = "qkv,attn_out,mlp_in,mlp_out"
+    layers: str | None = None
 
-
-# Intermediates every transformer block tags with ``checkpoint_name`` (``models/gpt.py``), which
-# the named remat policies choose from. The block's input needs no name: the layer scan keeps it.
-REMAT_NAMES = ("qkv", "attention", "attn_out", "mlp_in", "mlp_hidden", "mlp_out")
+    @property
+    def layer_names(self) -> tuple[str, ...] | None:
+        return None if self.layers is None else _names(self.layers)
 
 
 @dataclasses.dataclass(frozen=True)
 class RematConfig:
-    """What each transformer block keeps for the backward pass (``memory/remat.py``).
+    """What each block of the model keeps for the backward pass (``memory/remat.py``).
 
     policy: none keeps every activation; full keeps only the block input and recomputes the rest;
     dots keeps matmul outputs; dots_no_batch keeps matmul outputs without batch dims (the
     projections, not attention scores); save_names keeps ``names``; offload keeps ``names`` on the
     device and moves ``offload_names`` to pinned host memory until the backward pass needs them.
-    names / offload_names: comma-separated, from ``REMAT_NAMES``.
+    names / offload_names: comma-separated, from the activations the workload's model tags with
+    ``checkpoint_name`` (its ``remat_names``; a transformer block's are
+    ``models.transformer.BLOCK_ACTIVATIONS``).
     """
 
     policy: Literal["none", "full", "dots", "dots_no_batch", "save_names", "offload"] = "none"
@@ -309,15 +233,35 @@ class MonitorConfig:
     interval_s: float = 1.0
 
 
+# The workload of a config that names none.
+DEFAULT_WORKLOAD = "lm"
+
+
+def workload_class(name: str) -> Any:
+    """The workload class called ``name``; ConfigError on the ``workload`` key if there is none."""
+    try:
+        return workloads.get(name)
+    except workloads.UnknownWorkload as e:
+        raise ConfigError("workload", str(e), name_key=False) from None
+
+
+def _group_default(group: str) -> Any:
+    return lambda: getattr(workload_class(DEFAULT_WORKLOAD), group)()
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
+    """A whole run. ``workload`` picks the task (``hopperjax.workloads``); its module supplies the
+    dataclasses of the ``model`` and ``data`` groups, so ``model`` and ``data`` hold instances of
+    the workload's subclasses of ``ModelConfig`` and ``DataConfig``."""
+
     name: str = "run"
+    workload: str = DEFAULT_WORKLOAD
     run_dir: str | None = None
     seed: int = 0
     precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8"] = "fp32"
-    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-    dta: DtaConfig = dataclasses.field(default_factory=DtaConfig)
-    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=_group_default("ModelConfig"))
+    data: DataConfig = dataclasses.field(default_factory=_group_default("DataConfig"))
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
@@ -345,12 +289,20 @@ class Config:
 # Loading
 
 
-def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+def load_config(
+    path: str | Path | None = None,
+    overrides: typing.Sequence[str] = (),
+    *,
+    validate_values: bool = True,
+) -> Config:
     """Loads a YAML config (safe loader), applies ``key=value`` overrides and validates the result.
 
     Args:
       path: YAML file; None starts from the schema defaults.
       overrides: strings like ``"train.steps=200"``; values are parsed as YAML scalars.
+      validate_values: False checks keys and types only, not values against each other or the
+        files they name: for a run's own ``config.yaml``, validated when the run was made, read
+        where its data may not be (restoring parameters, exporting).
 
     Raises:
       ConfigError: naming the bad key, file or override.
@@ -383,14 +335,27 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         except yaml.YAMLError:
             value = raw
         _set_dotted(tree, key.strip(), value)
-    return from_dict(tree)
+    return from_dict(tree, validate_values=validate_values)
 
 
-def from_dict(tree: dict[str, Any]) -> Config:
-    """Builds and validates a Config from a nested dict."""
-    config = _build(Config, tree, prefix="")
-    validate(config)
+def from_dict(tree: dict[str, Any], *, validate_values: bool = True) -> Config:
+    """Builds and validates a Config from a nested dict (``workload`` picks the model/data schema).
+
+    ``validate_values``: see ``load_config``.
+    """
+    if not isinstance(tree, dict):
+        raise ConfigError("--config", f"expected a mapping at the top level, got {tree!r}")
+    name = _coerce("workload", tree.get("workload", DEFAULT_WORKLOAD), str)
+    cls = workload_class(name)
+    config = _build(Config, tree, prefix="", groups=_groups(cls), workload=name)
+    if validate_values:
+        validate(config)
     return config
+
+
+def _groups(workload_cls: Any) -> dict[str, type]:
+    """The dataclass of each workload-supplied group."""
+    return {"model": workload_cls.ModelConfig, "data": workload_cls.DataConfig}
 
 
 def to_dict(config: Config) -> dict[str, Any]:
@@ -401,14 +366,21 @@ def dump_yaml(config: Config) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False)
 
 
-def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
-    """Every dotted key of the schema, e.g. ``["name", ..., "model.d_model", ...]``."""
+def all_keys(
+    cls: type = Config, prefix: str = "", *, workload: str = DEFAULT_WORKLOAD
+) -> list[str]:
+    """Every dotted key of the schema for ``workload``, e.g. ``["name", ..., "model.d_model"]``."""
+    return _keys(cls, prefix, _groups(workload_class(workload)) if cls is Config else {})
+
+
+def _keys(cls: type, prefix: str, groups: dict[str, type]) -> list[str]:
     keys = []
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         name = prefix + field.name
-        if dataclasses.is_dataclass(hints[field.name]):
-            keys.extend(all_keys(hints[field.name], name + "."))
+        hint = groups.get(field.name, hints[field.name])
+        if dataclasses.is_dataclass(hint):
+            keys.extend(_keys(hint, name + ".", {}))
         else:
             keys.append(name)
     return keys
@@ -425,30 +397,65 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _unknown_key(name: str, value: Any) -> ConfigError:
+def _unknown_key(name: str, value: Any, known: list[str], workload: str) -> ConfigError:
     while isinstance(value, dict) and len(value) == 1:  # 'trian: {steps: 5}' -> 'trian.steps'
         ((child, value),) = value.items()
         name = f"{name}.{child}"
-    near = difflib.get_close_matches(name, all_keys(), n=1, cutoff=0.6)
+    if name.startswith(("model.", "data.")):  # another workload's key?
+        owners = [w for w in _other_workloads(workload) if name in all_keys(workload=w)]
+        if owners:
+            return ConfigError(
+                name,
+                f"unknown key '{name}' for workload '{workload}' (a key of workload '{owners[0]}')",
+                name_key=False,
+            )
+    near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     hint = f"; did you mean '{near[0]}'?" if near else ""
     return ConfigError(name, f"unknown key '{name}'{hint}", name_key=False)
 
 
-def _build(cls: type, tree: Any, prefix: str) -> Any:
+def _other_workloads(workload: str) -> list[str]:
+    others = []
+    for name in workloads.names():
+        if name == workload:
+            continue
+        try:
+            workloads.get(name)
+        except workloads.UnknownWorkload:  # a broken module is not this error's business
+            continue
+        others.append(name)
+    return others
+
+
+def _build(
+    cls: type,
+    tree: Any,
+    prefix: str,
+    groups: dict[str, type],
+    known: list[str] | None = None,
+    *,
+    workload: str = DEFAULT_WORKLOAD,
+) -> Any:
+    """``cls`` from ``tree``; ``groups`` replaces the dataclass of some fields (``model``,
+    ``data``) with the workload's; ``known`` is every key of the whole schema, for suggestions."""
     if not isinstance(tree, dict):
         raise ConfigError(prefix.rstrip("."), f"expected a mapping of keys, got {tree!r}")
+    if known is None:
+        known = _keys(cls, prefix, groups)
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
     for key, value in tree.items():
         if key not in fields:
-            raise _unknown_key(prefix + str(key), value)
+            raise _unknown_key(prefix + str(key), value, known, workload)
     kwargs = {}
     for name, value in tree.items():
-        hint = hints[name]
+        hint = groups.get(name, hints[name])
         if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, value, prefix + name + ".")
+            kwargs[name] = _build(hint, value, prefix + name + ".", {}, known, workload=workload)
         else:
             kwargs[name] = _coerce(prefix + name, value, hint)
+    for name, group in groups.items():  # a group the tree leaves out: the workload's defaults
+        kwargs.setdefault(name, group())
     return cls(**kwargs)
 
 
@@ -501,28 +508,27 @@ def _positive(key: str, value: int | float | None, *, allow_none: bool = False) 
         raise ConfigError(key, f"expected a positive value, got {value!r}")
 
 
-def validate(config: Config) -> None:
-    """Raises ConfigError for the first inconsistent value; never mutates anything."""
-    m, d, t, o = config.model, config.data, config.train, config.optim
-    for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len"):
-        _positive(f"model.{key}", getattr(m, key))
-    _positive("model.mlp_dim", m.mlp_dim, allow_none=True)
-    _positive("model.scan_unroll", m.scan_unroll)
-    if m.d_model % m.n_heads:
-        raise ConfigError(
-            "model.n_heads", f"must divide model.d_model={m.d_model}, got {m.n_heads}"
-        )
-    head_dim = m.d_model // m.n_heads
-    if m.positions == "rope" and head_dim % 2:
-        raise ConfigError("model.n_heads", f"RoPE needs an even head dim, got {head_dim}")
-    if not 0.0 <= m.dropout < 1.0:
-        raise ConfigError("model.dropout", f"expected 0 <= dropout < 1, got {m.dropout}")
+def positive(key: str, value: int | float | None, *, allow_none: bool = False) -> None:
+    """Raises ConfigError on ``key`` unless ``value`` > 0 (or None, where allowed)."""
+    _positive(key, value, allow_none=allow_none)
 
-    _positive("data.seq_len", d.seq_len)
-    if d.seq_len > m.max_len:
-        raise ConfigError("data.seq_len", f"must be <= model.max_len={m.max_len}, got {d.seq_len}")
-    if not 0.0 < d.eval_fraction < 1.0:
-        raise ConfigError("data.eval_fraction", f"expected 0 < fraction < 1, got {d.eval_fraction}")
+
+def validate(config: Config) -> None:
+    """Raises ConfigError for the first inconsistent value; never mutates anything.
+
+    Generic groups here; the ``model`` and ``data`` groups, and what they must agree with, in
+    the workload's ``validate_config``.
+    """
+    d, t, o = config.data, config.train, config.optim
+    cls = workload_class(config.workload)
+    for group, expected in _groups(cls).items():
+        value = getattr(config, group)
+        if not isinstance(value, expected):
+            raise ConfigError(
+                group,
+                f"workload '{config.workload}' takes a {expected.__name__}, "
+                f"got {type(value).__name__}",
+            )
     if d.workers < 0:
         raise ConfigError("data.workers", f"expected >= 0, got {d.workers}")
     _positive("data.worker_buffer_size", d.worker_buffer_size)
@@ -530,43 +536,6 @@ def validate(config: Config) -> None:
         raise ConfigError("data.read_threads", f"expected >= 0, got {d.read_threads}")
     _positive("data.read_buffer", d.read_buffer)
     _positive("data.device_prefetch", d.device_prefetch)
-    if d.source in ("text", "dta_csv"):
-        if not d.path:
-            raise ConfigError("data.path", f"required when data.source is '{d.source}'")
-        if not Path(d.path).is_file():
-            raise ConfigError("data.path", f"file not found: {d.path}")
-    elif d.source in ("deepdta", "dta_shards"):
-        what = "a DeepDTA" if d.source == "deepdta" else "a shard"
-        if not d.path:
-            raise ConfigError("data.path", f"required when data.source is '{d.source}'")
-        if not Path(d.path).is_dir():
-            raise ConfigError("data.path", f"not {what} directory: {d.path}")
-    elif d.path:
-        raise ConfigError(
-            "data.path", f"not used by data.source '{d.source}'; set data.source=text"
-        )
-    dta_sources = ("deepdta", "dta_csv", "dta_synthetic", "dta_shards")
-    if (m.kind == "dta") != (d.source in dta_sources):
-        raise ConfigError(
-            "data.source",
-            f"model.kind '{m.kind}' cannot read data.source '{d.source}'"
-            + (f"; use one of {', '.join(dta_sources)}" if m.kind == "dta" else ""),
-        )
-    for key in ("drug_max_len", "protein_max_len", "synthetic_pairs", "synthetic_drugs"):
-        _positive(f"data.{key}", getattr(d, key))
-    _positive("data.synthetic_proteins", d.synthetic_proteins)
-    if not 0 <= d.valid_fold < 5:
-        raise ConfigError("data.valid_fold", f"expected a DeepDTA fold 0..4, got {d.valid_fold}")
-    _validate_dta(config.dta)
-    if d.group_by != "none" and d.source not in ("deepdta", "dta_csv", "dta_synthetic"):
-        raise ConfigError(
-            "data.group_by",
-            f"needs a pair table in memory (deepdta, dta_csv, dta_synthetic), not '{d.source}'",
-        )
-    if d.sampling == "random" and d.source not in ("embedded", "text"):
-        raise ConfigError("data.sampling", f"random windows are for text, not '{d.source}'")
-    if d.sampling == "random" and config.train.eval_batches is None:
-        raise ConfigError("train.eval_batches", "required with data.sampling=random")
 
     for key in (
         "steps",
@@ -609,15 +578,14 @@ def validate(config: Config) -> None:
     if ls.factor <= 1.0:
         raise ConfigError("loss_scale.factor", f"expected > 1, got {ls.factor}")
     _positive("fp8.amax_history_length", config.fp8.amax_history_length)
-    known_layers = {"qkv", "attn_out", "mlp_in", "mlp_out", "lm_head"}
-    for name in filter(None, config.fp8.layers.split(",")):
-        if name.strip() not in known_layers:
+    for name in config.fp8.layer_names or ():
+        if name not in cls.fp8_layers:
             raise ConfigError(
                 "fp8.layers",
-                f"unknown layer {name.strip()!r}; expected some of "
-                f"{', '.join(sorted(known_layers))}",
+                f"unknown layer {name!r}; workload '{config.workload}' has "
+                f"{', '.join(cls.fp8_layers) or 'no FP8 layers'}",
             )
-    _validate_remat(config.remat)
+    _validate_remat(config.remat, cls.remat_names)
     if config.profile.start_step < 0 or config.profile.num_steps < 0:
         raise ConfigError("profile", "start_step and num_steps must be >= 0")
     _positive("monitor.interval_s", config.monitor.interval_s)
@@ -649,14 +617,17 @@ def validate(config: Config) -> None:
                 f"expected 0 <= id < {dist.num_processes}, got {dist.process_id}",
             )
     _positive("distributed.initialization_timeout_s", dist.initialization_timeout_s)
+    cls.validate_config(config)
 
 
-def _validate_remat(remat: RematConfig) -> None:
+def _validate_remat(remat: RematConfig, known: tuple[str, ...]) -> None:
     for key, names in (("remat.names", remat.saved), ("remat.offload_names", remat.offloaded)):
         for name in names:
-            if name not in REMAT_NAMES:
+            if name not in known:
                 raise ConfigError(
-                    key, f"unknown activation {name!r}; expected some of {', '.join(REMAT_NAMES)}"
+                    key,
+                    f"unknown activation {name!r}; expected some of "
+                    f"{', '.join(known) or '(the model tags none)'}",
                 )
     uses = {"save_names": ("remat.names",), "offload": ("remat.names", "remat.offload_names")}
     used = uses.get(remat.policy, ())
@@ -674,20 +645,3 @@ def _validate_remat(remat: RematConfig) -> None:
         raise ConfigError(
             "remat.offload_names", f"{', '.join(sorted(both))} also in remat.names; pick one"
         )
-
-
-def _validate_dta(dta: DtaConfig) -> None:
-    for key in ("embed_dim", "filters", "drug_kernel", "protein_kernel", "protein_pool"):
-        _positive(f"dta.{key}", getattr(dta, key))
-    for key in ("d_model", "layers", "heads"):
-        _positive(f"dta.{key}", getattr(dta, key))
-    if dta.d_model % dta.heads:
-        raise ConfigError("dta.heads", f"must divide dta.d_model={dta.d_model}, got {dta.heads}")
-    try:
-        sizes = dta.head_sizes
-    except ValueError:
-        raise ConfigError(
-            "dta.head_dims", f"expected comma-separated integers, got {dta.head_dims!r}"
-        ) from None
-    if not sizes or min(sizes) <= 0:
-        raise ConfigError("dta.head_dims", f"expected positive sizes, got {dta.head_dims!r}")

@@ -24,6 +24,9 @@ import jax
 from hopperjax.config import Config, ConfigError, load_config
 from hopperjax.memory import budget, offload
 from hopperjax.observe import hlo as hlo_lib
+from hopperjax.trainer import build_components
+
+WeightSizes = dict[str, set[int]]
 
 # Tensor Cores want every GEMM dim a multiple of this many elements (NVIDIA's guidance).
 ALIGNMENT = {"f8e4m3fn": 16, "f8e5m2": 16, "bf16": 8, "f16": 8, "f32": 4}
@@ -37,23 +40,73 @@ _WRAPPERS = re.compile(
 
 
 def layer_of(op_name: str) -> str:
-    """'jit(train_step)/transpose(jvp(GPT))/while/body/closed_call/blocks/mlp_in/dot_general'
+    """'jit(train_step)/transpose(jvp(Net))/while/body/closed_call/blocks/mlp_in/dot_general'
     -> 'blocks/mlp_in'."""
     # jnp.einsum names a scope after its spec ('btnh,bsnh->bnts'): a detail of the layer.
     parts = [p for p in op_name.split("/")[:-1] if not _WRAPPERS.match(p) and "->" not in p]
     return "/".join(parts) or op_name
 
 
-def gemm_role(gemm: hlo_lib.Gemm, local_tokens: int | None) -> str:
-    """forward / act_grad / weight_grad, told from the autodiff op name and what is contracted.
+def weight_sizes(params: Any) -> WeightSizes:
+    """Per layer (``"blocks/mlp_in"``), the element counts a gradient of one of its weights can
+    have in the per-device program: the whole weight, one layer of a scanned stack, and the same
+    for a device's shard when the weight is sharded.
 
-    A weight gradient contracts over the tokens (x^T @ dy); an activation gradient keeps them.
+    ``params``: the parameters as arrays or ``jax.ShapeDtypeStruct`` (with shardings, if any).
+    Vectors (biases, norm scales) are left out: no GEMM produces them.
     """
+    sizes: WeightSizes = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        shape = tuple(leaf.shape)
+        if len(shape) < 2:
+            continue
+        keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+        shapes = [shape]
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None:
+            shapes.append(tuple(sharding.shard_shape(shape)))
+        layer = sizes.setdefault("/".join(keys[:-1]), set())
+        for dims in shapes:
+            layer.update({math.prod(dims), math.prod(dims[1:])})
+    return sizes
+
+
+def gemm_role(gemm: hlo_lib.Gemm, weights: WeightSizes | None) -> str:
+    """forward / act_grad / weight_grad (/ unknown) of a GEMM or convolution of a train step.
+
+    Forward GEMMs are those outside autodiff's transpose. Of the backward ones, a weight
+    gradient produces an array the size of one of its layer's weights (x^T @ dy); an activation
+    gradient produces one the size of the layer's input. ``weights``: ``weight_sizes`` of the
+    model's parameters; without it every backward GEMM counts as an activation gradient.
+    XLA:CPU drops the op name of the convolutions it rewrites for weight gradients: a GEMM
+    without one is a weight gradient if its output has the size of a weight, else unknown.
+    """
+    out = gemm.batch * gemm.m * gemm.n
+    if not gemm.op_name:
+        every = set().union(*weights.values()) if weights else set()
+        return "weight_grad" if out in every else "unknown"
     if "transpose(" not in gemm.op_name:
         return "forward"
-    if local_tokens and gemm.batch == 1 and gemm.k % local_tokens == 0:
-        return "weight_grad"
-    return "act_grad"
+    if not weights:
+        return "act_grad"
+    segments = layer_of(gemm.op_name).split("/")
+    own = [sizes for name, sizes in weights.items() if _within(name.split("/"), segments)]
+    candidates = set().union(*own) if own else set().union(*weights.values())
+    return "weight_grad" if out in candidates else "act_grad"
+
+
+def _within(param_layer: list[str], segments: list[str]) -> bool:
+    """Whether a parameter's layer path (``["encoder", "conv0"]``) occurs in a GEMM's layer
+    path (``["Net._encode", "encoder", "conv0"]``; ``token_embed.attend`` is in
+    ``token_embed``)."""
+    n = len(param_layer)
+    for i in range(len(segments) - n + 1):
+        window = segments[i : i + n]
+        if window[:-1] == param_layer[:-1] and (
+            window[-1] == param_layer[-1] or window[-1].startswith(param_layer[-1] + ".")
+        ):
+            return True
+    return False
 
 
 def _largest_pow2_divisor(x: int, cap: int = 128) -> int:
@@ -75,7 +128,7 @@ def tile_efficiency(m: int, n: int, batch: int, tile: tuple[int, int]) -> float:
     return (batch * m * n) / (waves * NUM_SMS * tm * tn)
 
 
-def gemm_entry(gemm: hlo_lib.Gemm, local_tokens: int | None) -> dict[str, Any]:
+def gemm_entry(gemm: hlo_lib.Gemm, weights: WeightSizes | None) -> dict[str, Any]:
     need = ALIGNMENT.get(gemm.lhs_dtype, 8)
     dims = {"m": gemm.m, "n": gemm.n, "k": gemm.k}
     findings = [
@@ -85,7 +138,7 @@ def gemm_entry(gemm: hlo_lib.Gemm, local_tokens: int | None) -> dict[str, Any]:
     ]
     return {
         "layer": layer_of(gemm.op_name),
-        "role": gemm_role(gemm, local_tokens),
+        "role": gemm_role(gemm, weights),
         "m": gemm.m, "n": gemm.n, "k": gemm.k, "batch": gemm.batch,
         "dtypes": [gemm.lhs_dtype, gemm.rhs_dtype, gemm.out_dtype],
         "count": gemm.count,
@@ -98,15 +151,9 @@ def gemm_entry(gemm: hlo_lib.Gemm, local_tokens: int | None) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def advise(gemms: list[dict[str, Any]], *, vocab_size: int | None = None) -> list[str]:
-    """Concrete, checkable suggestions from the GEMM list."""
-    advice = []
-    if vocab_size is not None and vocab_size % 128:
-        padded = -(-vocab_size // 128) * 128
-        advice.append(
-            f"pad model.vocab_size {vocab_size} -> {padded} (multiple of 128): the "
-            f"logits GEMM then tiles exactly"
-        )
+def advise(gemms: list[dict[str, Any]], *, first: list[str] = ()) -> list[str]:
+    """Concrete, checkable suggestions from the GEMM list, after ``first`` (the workload's)."""
+    advice = list(first)
     total = sum(g["flops"] for g in gemms) or 1
     seen = set()
     for g in sorted(gemms, key=lambda g: -g["flops"]):
@@ -159,12 +206,17 @@ def compiled_report(
     compiled: jax.stages.Compiled,
     *,
     num_devices: int,
-    local_tokens: int | None = None,
-    vocab_size: int | None = None,
+    params: Any = None,
+    advice: list[str] = (),
 ) -> dict[str, Any]:
-    """Memory, FLOPs, GEMMs, collectives and advice of any compiled JAX program."""
+    """Memory, FLOPs, GEMMs, collectives and advice of any compiled JAX program.
+
+    ``params``: the parameters of a train step (arrays or ShapeDtypeStructs), to tell weight
+    gradients from activation gradients; ``advice``: suggestions to list first.
+    """
     gemms, collectives = hlo_lib.analyze(compiled.as_text(), num_devices=num_devices)
-    gemm_entries = [gemm_entry(g, local_tokens) for g in gemms]
+    weights = weight_sizes(params) if params is not None else None
+    gemm_entries = [gemm_entry(g, weights) for g in gemms]
     per_device = sum(g.flops for g in gemms)
     roles: dict[str, int] = {}
     for entry in gemm_entries:
@@ -179,7 +231,7 @@ def compiled_report(
         "gemms": gemm_entries,
         "collectives": coll,
         "collective_bytes_per_step": sum(c["bytes"] * c["count"] for c in coll),
-        "advice": advise(gemm_entries, vocab_size=vocab_size),
+        "advice": advise(gemm_entries, first=list(advice)),
     }
 
 
@@ -187,8 +239,6 @@ def inspect_config(
     config: Config, *, devices: list[jax.Device] | None = None, hlo_path: str | None = None
 ) -> dict[str, Any]:
     """The full report for the train step that ``config`` describes (compiled, never run)."""
-    from hopperjax.trainer import build_components  # The trainer imports this package's peers.
-
     parts = build_components(config, devices=devices)
     traced = parts.trace_train_step()
     lowered = parts.lower_train_step(traced)
@@ -196,10 +246,11 @@ def inspect_config(
     if hlo_path:
         with open(hlo_path, "w") as f:
             f.write(compiled.as_text())
-    t, d, n = config.train, config.data, parts.mesh.size
+    t, n = config.train, parts.mesh.size
     params = parts.abstract_state.params
     report = {
         "config": config.name,
+        "workload": config.workload,
         "backend": jax.default_backend(),
         "device_kind": parts.mesh.devices.flat[0].device_kind,
         "mesh": dict(parts.mesh.shape),
@@ -208,13 +259,10 @@ def inspect_config(
             "count": sum(x.size for x in jax.tree.leaves(params)),
             "bytes": sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)),
         },
-        **compiled_report(
-            compiled,
-            num_devices=n,
-            local_tokens=t.batch_size * d.seq_len // n,
-            vocab_size=config.model.vocab_size,
-        ),
+        **compiled_report(compiled, num_devices=n, params=params, advice=parts.workload.advice()),
         "model_flops_per_step": parts.model_flops_per_step,
+        "examples_per_step": parts.workload.examples_per_step(t.batch_size),
+        "examples_name": parts.workload.examples_name,
         "lowered_dot_dtypes": lowered_dot_dtypes(lowered.as_text()),
         "offload": {
             "state_bytes_per_device": offload.state_bytes_by_memory(parts.abstract_state),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -15,6 +16,8 @@ from hopperjax.config import OptimConfig
 # scales and biases do not. Matching by name, not ndim, because the layer scan adds a leading
 # axis that turns every norm scale into a 2-D array.
 DECAYED_LEAF_NAMES = frozenset({"kernel", "embedding", "pos_embed"})
+# The label of parameters that get the configured optimizer when a workload labels its groups.
+DEFAULT_GROUP = "default"
 
 
 def peak_learning_rate(config: OptimConfig, global_batch_size: int) -> float:
@@ -72,25 +75,59 @@ def decay_mask(params: Any) -> Any:
 
 
 def build_optimizer(
-    config: OptimConfig, *, total_steps: int, global_batch_size: int
+    config: OptimConfig,
+    *,
+    total_steps: int,
+    global_batch_size: int,
+    param_labels: Callable[[Any], Any] | None = None,
+    group_optimizers: Callable[[optax.Schedule], dict[str, optax.GradientTransformation]]
+    | None = None,
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Returns the gradient transformation and the schedule it uses (the step logs the LR).
 
     ``lars`` multiplies each layer's update by optax's trust coefficient (1e-3) times the
     weight/gradient norm ratio, so it needs a ``base_lr`` about 1000x that of AdamW.
+
+    Per-group optimizers (a workload's ``param_labels``): leaves labelled ``DEFAULT_GROUP`` get
+    the configured optimizer, every other label the transformation ``group_optimizers(schedule)``
+    gives it, through ``optax.multi_transform``. Clipping by the global norm comes first, over
+    all gradients.
     """
     lr = build_schedule(config, total_steps=total_steps, global_batch_size=global_batch_size)
+    opt = _optimizer(config, lr)
+    if param_labels is not None:
+        groups = {DEFAULT_GROUP: opt, **(group_optimizers(lr) if group_optimizers else {})}
+        opt = optax.multi_transform(groups, _checked_labels(param_labels, set(groups)))
+    if config.clip_norm is not None:
+        opt = optax.chain(optax.clip_by_global_norm(config.clip_norm), opt)
+    return opt, lr
+
+
+def _checked_labels(param_labels: Callable[[Any], Any], known: set[str]) -> Callable[[Any], Any]:
+    def labels(params: Any) -> Any:
+        out = param_labels(params)
+        unknown = set(jax.tree.leaves(out)) - known
+        if unknown:  # a workload bug: its labels and its group_optimizers disagree
+            raise ValueError(
+                f"parameter labels {sorted(unknown)} have no optimizer; known: {sorted(known)}"
+            )
+        return out
+
+    return labels
+
+
+def _optimizer(config: OptimConfig, lr: optax.Schedule) -> optax.GradientTransformation:
     wd = config.weight_decay
     if config.name == "adamw":
-        opt = optax.adamw(
+        return optax.adamw(
             lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=wd, mask=decay_mask
         )
-    elif config.name == "lamb":
-        opt = optax.lamb(
+    if config.name == "lamb":
+        return optax.lamb(
             lr, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=wd, mask=decay_mask
         )
-    elif config.name == "lars":
-        opt = optax.lars(
+    if config.name == "lars":
+        return optax.lars(
             lr,
             weight_decay=wd,
             weight_decay_mask=decay_mask,
@@ -98,11 +135,7 @@ def build_optimizer(
             momentum=config.momentum,
             nesterov=config.nesterov,
         )
-    else:
-        opt = optax.chain(
-            optax.add_decayed_weights(wd, mask=decay_mask),
-            optax.sgd(lr, momentum=config.momentum, nesterov=config.nesterov),
-        )
-    if config.clip_norm is not None:
-        opt = optax.chain(optax.clip_by_global_norm(config.clip_norm), opt)
-    return opt, lr
+    return optax.chain(
+        optax.add_decayed_weights(wd, mask=decay_mask),
+        optax.sgd(lr, momentum=config.momentum, nesterov=config.nesterov),
+    )

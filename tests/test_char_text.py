@@ -15,9 +15,9 @@ from conftest import REPO
 
 import hopperjax
 from hopperjax import sample
-from hopperjax.data import text
-from hopperjax.data.pipeline import build_text_datasets
+from hopperjax.data import ProcessShard, text
 from hopperjax.optim import build_schedule
+from hopperjax.workloads.lm import LanguageModeling
 
 RECIPE = REPO / "configs" / "shakespeare_char_cpu.yaml"
 TEXT = "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n" * 60
@@ -60,9 +60,9 @@ def test_split_sizes_and_random_windows(tmp_path):
     config = _config(corpus, tmp_path)
     n = len(RANDOM_TEXT)
     split = int(n * 0.9)  # nanoGPT: first 90 % train, last 10 % validation, no shuffling
-    datasets = build_text_datasets(config, process_index=0, process_count=1)
-    vocab = text.CharVocabulary(datasets.info["vocab"])
-    assert datasets.vocab_size == len(vocab) == len(set(RANDOM_TEXT))
+    datasets = LanguageModeling(config).build_datasets(ProcessShard(0, 1))
+    vocab = text.CharVocabulary(datasets.meta.chars)
+    assert datasets.meta.vocab_size == len(vocab) == len(set(RANDOM_TEXT))
     ids = vocab.encode(RANDOM_TEXT)
     where = {ids[s : s + 65].tobytes(): s for s in range(n - 64)}  # window -> its offset
 
@@ -109,7 +109,7 @@ def test_random_sampling_needs_eval_batches_and_a_file(corpus, tmp_path):
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1") * 100)
     bad = _config(tmp_path / "latin1.txt", tmp_path)
     with pytest.raises(hopperjax.ConfigError, match=r"latin1.txt: not UTF-8 at byte 3"):
-        build_text_datasets(bad, process_index=0, process_count=1)
+        LanguageModeling(bad).build_datasets(ProcessShard(0, 1))
 
 
 def test_the_recipe_schedule():
@@ -161,3 +161,14 @@ def test_a_short_run_logs_step_zero_saves_the_vocabulary_and_samples(corpus, tmp
     assert "--prompt: character 'Z' at 0" in capsys.readouterr().err
     assert sample.main(["--run-dir", str(tmp_path / "nothing")]) == 2
     assert "not a hopperjax run" in capsys.readouterr().err
+
+    # The checkpoints' ids mean the saved vocabulary's characters: a text with another vocabulary
+    # cannot resume them (the LM workload checks this when it writes vocab.json).
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT + "Zebra\n")
+    with pytest.raises(hopperjax.ConfigError, match="differs from the one") as info:
+        hopperjax.train(
+            config.replace(**{"data.path": str(other)}), devices=jax.devices()[:1], console=False
+        )
+    assert info.value.key == "data.path"
+    assert json.loads((result.run_dir / "vocab.json").read_text())["chars"] == saved

@@ -30,8 +30,16 @@ def run_cli(*overrides: str, timeout: float = 300) -> subprocess.CompletedProces
         (["train.steps=-1"], "train.steps"),  # bad value
         (["mesh.data=8", "train.batch_size=12"], "train.batch_size"),  # not divisible by data axis
         (["data.source=text", "data.path=/no/such/file.txt"], "data.path"),  # missing data file
+        (["workload=lmm"], "unknown workload 'lmm'; did you mean 'lm'?"),  # unknown workload
     ],
-    ids=["unknown-key", "bad-type", "negative-steps", "batch-vs-mesh", "missing-file"],
+    ids=[
+        "unknown-key",
+        "bad-type",
+        "negative-steps",
+        "batch-vs-mesh",
+        "missing-file",
+        "unknown-workload",
+    ],
 )
 def test_bad_config_exits_2_with_one_line(overrides, key, tmp_path):
     proc = run_cli(*overrides, f"run_dir={tmp_path}")

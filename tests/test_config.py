@@ -3,10 +3,18 @@
 import dataclasses
 
 import pytest
-from conftest import REPO, TINY
+import yaml
+from conftest import REPO
 
 import hopperjax
 from hopperjax.config import ConfigError, dump_yaml, from_dict, load_config, to_dict
+
+
+def _dotted(config, key):
+    value = config
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -20,9 +28,17 @@ def test_every_recipe_loads_and_shrinks(path, tmp_path):
     elif "source: text" in recipe:
         (tmp_path / "input.txt").write_text("stand-in text\n")
         stand_in = [f"data.path={tmp_path / 'input.txt'}"]
-    config = load_config(path, [*TINY, *stand_in])
-    assert config.name == path.stem
-    assert config.model.d_model == 32 and config.train.steps == 20
+    as_written = load_config(path, stand_in)
+    assert as_written.name == path.stem
+    # The tiny CPU variant: the workload's own smoke overrides (TINY's model.* keys are GPT keys,
+    # unknown to other workloads) and a short run.
+    shrink = [*hopperjax.workloads.get(as_written.workload).smoke_overrides, "train.steps=20"]
+    config = load_config(path, [*stand_in, *shrink])
+    assert config.name == path.stem and config.workload == as_written.workload
+    for item in shrink:
+        key, _, raw = item.partition("=")
+        assert _dotted(config, key) == yaml.safe_load(raw), key
+    assert config.model != as_written.model and config.train.steps == 20
 
 
 def test_overrides_parse_yaml_scalars():
@@ -54,6 +70,14 @@ def test_yaml_string_floats_are_numbers(tmp_path):
     [
         ("trian.steps=5", "trian.steps", "unknown key 'trian.steps'; did you mean 'train.steps'?"),
         ("model.d_modle=64", "model.d_modle", "did you mean 'model.d_model'?"),
+        ("workload=lmm", "workload", "unknown workload 'lmm'; did you mean 'lm'?"),
+        # A dta model key is not a key of the lm workload's model group.
+        (
+            "model.head_dims=32",
+            "model.head_dims",
+            "unknown key 'model.head_dims' for workload 'lm' (a key of workload 'dta')",
+        ),
+        ("dta.filters=4", "dta.filters", "unknown key 'dta.filters'"),
         ("train.steps=many", "train.steps", "expected an integer"),
         ("train.steps=-5", "train.steps", "positive"),
         ("train.steps=2.5", "train.steps", "expected an integer"),
@@ -104,8 +128,6 @@ def test_missing_config_file():
 
 def test_resolved_yaml_round_trips():
     config = load_config(REPO / "configs" / "quickstart.yaml", ["train.steps=3"])
-    import yaml
-
     assert from_dict(yaml.safe_load(dump_yaml(config))) == config
 
 

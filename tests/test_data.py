@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import hopperjax
-from hopperjax.data import DevicePrefetcher, build_datasets, make_iterator, text
+from hopperjax import build_datasets
+from hopperjax.data import DevicePrefetcher, ProcessShard, make_iterator, text
 from hopperjax.parallel import logical_sharding
 
 SEQ_LEN = 32  # tiny_config's data.seq_len
@@ -167,7 +168,7 @@ def test_process_shards_are_disjoint_and_cover_train_windows(text_config, corpus
     assert len(set(all_windows)) == len(all_windows) > 100  # precondition: windows are unique
     epochs = []
     for index in range(2):
-        ds = build_datasets(config, process_index=index, process_count=2)
+        ds = build_datasets(config, ProcessShard(index, 2))
         batch = ds.train[0]
         assert batch["inputs"].shape == (BATCH // 2, SEQ_LEN)
         assert batch["targets"].shape == (BATCH // 2, SEQ_LEN)
@@ -189,14 +190,14 @@ def test_processes_get_the_same_number_of_eval_batches(tiny_config, tmp_path):
     if len(windows) != 31:
         pytest.fail(f"precondition: expected 31 eval windows, got {len(windows)}")
     # Per-process eval batches of 16 / 2 = 8 rows: process 0 holds 16 windows, process 1 only 15.
-    counts = [len(build_datasets(config, process_index=i, process_count=2).eval) for i in range(2)]
+    counts = [len(build_datasets(config, ProcessShard(i, 2)).eval) for i in range(2)]
     assert counts[0] == counts[1], f"eval batches per process: {counts}"
 
 
 def test_eval_split_is_held_out(text_config, corpus_file):
     """Eval windows come from the tail of the file and never appear in training."""
     data = corpus_file.read_bytes()
-    ds = build_datasets(text_config(), process_index=0, process_count=1)
+    ds = build_datasets(text_config(), ProcessShard(0, 1))
     eval_rows = [row for k in range(len(ds.eval)) for row in _rows(ds.eval[k])]
     assert len(ds.eval) >= 1 and len(eval_rows) == len(ds.eval) * BATCH
     assert not set(_train_windows(data)) & set(eval_rows)
@@ -206,9 +207,9 @@ def test_eval_split_is_held_out(text_config, corpus_file):
 
 def test_shuffle_is_deterministic_per_seed_and_epoch(text_config, corpus_file):
     n = len(_train_windows(corpus_file.read_bytes()))
-    first = build_datasets(text_config(), process_index=0, process_count=1).train
-    again = build_datasets(text_config(), process_index=0, process_count=1).train
-    other = build_datasets(text_config("seed=1"), process_index=0, process_count=1).train
+    first = build_datasets(text_config(), ProcessShard(0, 1)).train
+    again = build_datasets(text_config(), ProcessShard(0, 1)).train
+    other = build_datasets(text_config("seed=1"), ProcessShard(0, 1)).train
     two_epochs = _first_rows(first, 2 * n)
     epoch1, epoch2 = two_epochs[:n], two_epochs[n:]
     assert _first_rows(again, n) == epoch1
@@ -222,7 +223,7 @@ def test_shuffle_is_deterministic_per_seed_and_epoch(text_config, corpus_file):
 
 
 def test_no_shuffle_reads_in_file_order(text_config, corpus_file):
-    ds = build_datasets(text_config("data.shuffle=false"), process_index=0, process_count=1)
+    ds = build_datasets(text_config("data.shuffle=false"), ProcessShard(0, 1))
     windows = _train_windows(corpus_file.read_bytes())
     assert _first_rows(ds.train, len(windows)) == windows
 
@@ -230,10 +231,10 @@ def test_no_shuffle_reads_in_file_order(text_config, corpus_file):
 def test_eval_split_smaller_than_one_batch_is_a_config_error(text_config):
     # 1% of 20 KB = 200 bytes = 6 windows of 33 bytes < one eval batch of 16.
     with pytest.raises(hopperjax.ConfigError) as excinfo:
-        build_datasets(text_config("data.eval_fraction=0.01"), process_index=0, process_count=1)
+        build_datasets(text_config("data.eval_fraction=0.01"), ProcessShard(0, 1))
     assert excinfo.value.key == "data.eval_fraction"
     # The same file with the default fraction is fine: the error is about the split's size.
-    build_datasets(text_config(), process_index=0, process_count=1)
+    build_datasets(text_config(), ProcessShard(0, 1))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -243,12 +244,12 @@ def test_eval_split_smaller_than_one_batch_is_a_config_error(text_config):
 def test_iterator_state_round_trip(text_config):
     """A fresh iterator given the state after 3 batches yields the original 4th batch."""
     config = text_config()
-    train = build_datasets(config, process_index=0, process_count=1).train
-    original = make_iterator(train, config)
+    train = build_datasets(config, ProcessShard(0, 1)).train
+    original = make_iterator(train, config.data)
     third = [next(original) for _ in range(3)][-1]
     state = original.get_state()
     fourth = next(original)
-    resumed = make_iterator(train, config)
+    resumed = make_iterator(train, config.data)
     resumed.set_state(state)
     _assert_batches_equal(next(resumed), fourth)
     with pytest.raises(AssertionError):  # guard: consecutive batches differ
@@ -259,10 +260,10 @@ def test_worker_process_yields_same_batches(text_config):
     """data.workers=1 (a grain worker process) yields the same first 4 batches as workers=0."""
     in_process = text_config("data.workers=0")
     with_worker = text_config("data.workers=1")
-    train = build_datasets(in_process, process_index=0, process_count=1).train
-    reference = make_iterator(train, in_process)
+    train = build_datasets(in_process, ProcessShard(0, 1)).train
+    reference = make_iterator(train, in_process.data)
     expected = [next(reference) for _ in range(4)]
-    iterator = make_iterator(train, with_worker)
+    iterator = make_iterator(train, with_worker.data)
     try:
         got = [next(iterator) for _ in range(4)]
     finally:
@@ -286,8 +287,8 @@ def test_read_options_bound_the_batches_read_ahead(text_config, monkeypatch):
     monkeypatch.setattr(grain.MapDataset, "to_iter_dataset", spy)
     default = text_config()
     synchronous = text_config("data.read_threads=0", "data.read_buffer=1")
-    train = build_datasets(default, process_index=0, process_count=1).train
-    threaded, inline = make_iterator(train, default), make_iterator(train, synchronous)
+    train = build_datasets(default, ProcessShard(0, 1)).train
+    threaded, inline = make_iterator(train, default.data), make_iterator(train, synchronous.data)
     assert [(o.num_threads, o.prefetch_buffer_size) for o in seen] == [(2, 8), (0, 1)]
     for _ in range(3):
         _assert_batches_equal(next(inline), next(threaded))
@@ -330,10 +331,10 @@ def test_device_prefetcher_shards_and_resumes(text_config):
     assert mesh.devices.size == 8 and mesh.shape["data"] == 8
     sharding = logical_sharding(mesh, ("batch", "length"))
     train = build_datasets(config).train
-    reference = make_iterator(train, config)
+    reference = make_iterator(train, config.data)
     expected = [next(reference) for _ in range(4)]
 
-    source = _CountingIterator(make_iterator(train, config), target=5)
+    source = _CountingIterator(make_iterator(train, config.data), target=5)
     prefetcher = DevicePrefetcher(source, sharding, depth=2)
     try:
         got = [next(prefetcher) for _ in range(3)]
@@ -354,6 +355,6 @@ def test_device_prefetcher_shards_and_resumes(text_config):
         prefetcher.close()
     assert not prefetcher._thread.is_alive(), "close() left the producer thread running"
 
-    resumed = make_iterator(train, config)
+    resumed = make_iterator(train, config.data)
     resumed.set_state(state)
     _assert_batches_equal(next(resumed), expected[3])

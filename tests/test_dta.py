@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -18,20 +21,19 @@ import pytest
 from conftest import REPO
 
 import hopperjax
-from hopperjax.data import dta_batches, dta_shards, molecules
+from hopperjax.data import ProcessShard, dta_batches, dta_shards, molecules
 from hopperjax.inspect import inspect_config
-from hopperjax.precision import policy_from_config
 from hopperjax.workloads import dta as dta_workload
 
 # The Davis recipe shrunk to a model that compiles and runs in seconds on 2 cores.
 TINY_DTA = [
-    "dta.embed_dim=8",
-    "dta.filters=4",
-    "dta.head_dims=32,16",
-    "dta.d_model=16",
-    "dta.layers=1",
-    "dta.heads=2",
-    "data.source=dta_synthetic",
+    "model.embed_dim=8",
+    "model.filters=4",
+    "model.head_dims=32,16",
+    "model.d_model=16",
+    "model.layers=1",
+    "model.heads=2",
+    "data.source=synthetic",
     "data.path=null",  # the recipe's ../shared/data/davis must never be read by tests
     "data.drug_max_len=24",
     "data.protein_max_len=64",
@@ -42,7 +44,7 @@ TINY_DTA = [
     "train.eval_batch_size=32",
     "optim.warmup_steps=2",
 ]
-TRANSFORMER = ["dta.drug_encoder=transformer", "dta.protein_encoder=transformer"]
+TRANSFORMER = ["model.drug_encoder=transformer", "model.protein_encoder=transformer"]
 
 
 def dta_config(tmp_path, *overrides: str) -> hopperjax.Config:
@@ -75,9 +77,7 @@ def _predictions_and_grads(config, same_shape, other):
     One jitted program (one vmapped forward and backward, one forward), so one compile: XLA:CPU
     compiles are the slow part of these tests.
     """
-    model = hopperjax.build_model(
-        config.model, policy_from_config(config), config.remat, dta=config.dta
-    )
+    model = hopperjax.build_model(config)
 
     def inputs(batch):
         return {k: batch[k] for k in MODEL_KEYS}
@@ -161,8 +161,8 @@ def test_dedup_gives_the_per_pair_predictions_and_gradients(tmp_path, encoders):
 # tests, so that the dedup train step compiles once per session (the compilation cache is keyed
 # on the program).
 RUN = [
-    "dta.drug_encoder=cnn",
-    "dta.protein_encoder=cnn",
+    "model.drug_encoder=cnn",
+    "model.protein_encoder=cnn",
     "data.synthetic_drugs=8",
     "data.synthetic_proteins=8",
     "data.synthetic_pairs=700",  # 70 held out: 2 eval batches of 64, the second one padded
@@ -182,7 +182,7 @@ def test_dedup_flops_saving_shows_in_the_inspect_report(tmp_path):
     """64 pairs with <= 8 distinct drugs and proteins: dedup encodes 8 table rows of each instead
     of 64, so the compiled step does up to 8x less work (less only by the per-pair head)."""
     on, off = (
-        inspect_config(dta_config(tmp_path, *RUN, f"dta.deduplicate={dedup}"))
+        inspect_config(dta_config(tmp_path, *RUN, f"data.deduplicate={dedup}"))
         for dedup in (True, False)
     )
     ratios = {
@@ -208,9 +208,7 @@ def _mean_squared_error_of(config, params, indices):
     inputs = dta_workload.to_model_batch(
         batch, drug_rows=pairs.drugs, protein_rows=pairs.proteins, block=0, dedup=True
     )
-    model = hopperjax.build_model(
-        config.model, policy_from_config(config), config.remat, dta=config.dta
-    )
+    model = hopperjax.build_model(config)
     pred = jax.jit(lambda p, x: model.apply({"params": p}, x))(
         params, {k: inputs[k] for k in MODEL_KEYS}
     )
@@ -244,6 +242,41 @@ def test_short_run_learns_and_scores_every_held_out_pair_once(tmp_path):
     # The logged MSE is that of the final parameters over exactly the held-out pairs.
     mse = _mean_squared_error_of(config, result.state.params, eval_idx)
     assert last["eval_mse"] == pytest.approx(mse, rel=1e-4)
+
+
+def test_resume_refuses_a_changed_model_key_in_the_library_and_the_cli(tmp_path):
+    """Every model.* key defines what is trained: against a DTA run directory with checkpoints,
+    model.filters=8 is a config error naming the key (the CLI: exit 2, one line, no traceback),
+    and the refused runs leave the checkpoints as they were."""
+    run = ["train.steps=2", "train.checkpoint_every=1", "train.log_every=1"]
+    hopperjax.train(dta_config(tmp_path, *run), console=False)
+    checkpoints = tmp_path / "run" / "checkpoints"
+
+    def saved():
+        return sorted(p.name for p in checkpoints.iterdir() if p.name.isdigit())
+
+    before = saved()
+    assert before, "precondition: the first run wrote checkpoints"
+    with pytest.raises(hopperjax.ConfigError, match=r"^model\.filters: changed from 4 to 8") as e:
+        hopperjax.train(dta_config(tmp_path, *run, "model.filters=8"), console=False)
+    assert e.value.key == "model.filters"
+
+    cli = [sys.executable, "-m", "hopperjax.train", "--config", "configs/dta_davis.yaml"]
+    overrides = [*TINY_DTA, f"run_dir={tmp_path / 'run'}", *run, "model.filters=8"]
+    proc = subprocess.run(
+        [*cli, *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("hopperjax: config error: model.filters: changed from 4 to 8")
+    assert saved() == before
 
 
 # A DeepDTA directory: 4 drugs x 6 proteins, 2 pairs unmeasured, so 22 pairs in row-major order,
@@ -293,15 +326,13 @@ def test_deepdta_eval_split_and_valid_fold(tmp_path, split, fold):
         "train.batch_size=4",
         "train.eval_batch_size=4",
     )
-    datasets = dta_workload.AffinityRegression().build_datasets(
-        config, process_index=0, process_count=1
-    )
+    datasets = dta_workload.AffinityRegression(config).build_datasets(ProcessShard(0, 1))
     pkd = PKD[~np.isnan(PKD)]  # the pairs in the folds' (row-major) order
     held = TEST_FOLD if split == "test" else TRAIN_FOLDS[fold]
     # Training uses the other training folds: never the held-out fold, never the test fold.
     train = np.concatenate([f for i, f in enumerate(TRAIN_FOLDS) if i != fold])
-    assert datasets.info["eval_pairs"] == len(held)
-    assert datasets.info["train_pairs"] == len(train)
+    assert datasets.meta.eval_pairs == len(held)
+    assert datasets.meta.train_pairs == len(train)
     np.testing.assert_allclose(_affinities(datasets.eval), np.sort(pkd[held]), rtol=1e-5)
     one_epoch = _affinities(iter(datasets.train), count=len(train))
     np.testing.assert_allclose(one_epoch, np.sort(pkd[train]), rtol=1e-5)
@@ -320,28 +351,28 @@ def _write_shards(root, out, num_shards):
 
 
 @pytest.mark.parametrize(
-    ("source", "group_by"), [("dta_shards", "none"), ("deepdta", "protein"), ("deepdta", "drug")]
+    ("source", "group_by"), [("shards", "none"), ("deepdta", "protein"), ("deepdta", "drug")]
 )
 def test_shards_and_grouped_batches_read_the_same_pairs(tmp_path, source, group_by):
     """ArrayRecord shards of a DeepDTA directory, and protein- or drug-grouped batches, give the
     same folds and the same pairs per epoch as the directory read in a uniform shuffle."""
     root = _write_deepdta(tmp_path / "davis")
-    path = _write_shards(root, tmp_path / "shards", 3) if source == "dta_shards" else root
-    workload = dta_workload.AffinityRegression()
+    path = _write_shards(root, tmp_path / "shards", 3) if source == "shards" else root
     base = ["data.valid_fold=2", "train.batch_size=6", "train.eval_batch_size=4"]
     reference, config = (
         dta_config(tmp_path, *base, f"data.source={s}", f"data.path={p}", f"data.group_by={g}")
         for s, p, g in (("deepdta", root, "none"), (source, path, group_by))
     )
-    want = workload.build_datasets(reference, process_index=0, process_count=1)
-    got = workload.build_datasets(config, process_index=0, process_count=1)
-    assert got.info["eval_pairs"] == want.info["eval_pairs"] == len(TRAIN_FOLDS[2])
+    workload, reference_workload = (dta_workload.AffinityRegression(c) for c in (config, reference))
+    want = reference_workload.build_datasets(ProcessShard(0, 1))
+    got = workload.build_datasets(ProcessShard(0, 1))
+    assert got.meta.eval_pairs == want.meta.eval_pairs == len(TRAIN_FOLDS[2])
     np.testing.assert_allclose(_affinities(got.eval), _affinities(want.eval), rtol=1e-6)
-    train = want.info["train_pairs"]
+    train = want.meta.train_pairs
     np.testing.assert_allclose(
         _affinities(iter(got.train), count=train), _affinities(iter(want.train), count=train)
     )
-    fields = workload.batch_fields(config, 6, got)
+    fields = workload.batch_fields(6, got)
     batch = next(iter(got.train))
     for key, field in fields.items():
         assert batch[key].shape == field.shape, key
@@ -349,7 +380,7 @@ def test_shards_and_grouped_batches_read_the_same_pairs(tmp_path, source, group_
         # Grouped batches hold few molecules of the grouped kind: smaller tables, and every
         # batch's distinct molecules fit them (dedup raises otherwise).
         kind = f"{group_by}_tokens"
-        assert fields[kind].shape[0] <= workload.batch_fields(reference, 6, want)[kind].shape[0]
+        assert fields[kind].shape[0] <= reference_workload.batch_fields(6, want)[kind].shape[0]
         for _, batch in zip(range(20), got.train, strict=False):
             assert len(np.unique(batch[f"{group_by}_index"])) <= fields[kind].shape[0]
 
@@ -360,7 +391,7 @@ def test_shards_refuse_a_run_that_reads_their_affinities_in_other_units(tmp_path
     shards = _write_shards(_write_deepdta(tmp_path / "davis"), tmp_path / "shards", 1)
     assert dta_shards.read_shards(shards).pkd is True
     assert dta_shards.read_shards(shards).unknown_chars == {"drug": "error", "protein": "error"}
-    base = ["data.source=dta_shards", f"data.path={shards}", "data.group_by=none"]
+    base = ["data.source=shards", f"data.path={shards}", "data.group_by=none"]
     with pytest.raises(hopperjax.ConfigError, match=r"data\.pkd: .* holds pKd .*, got False"):
         dta_workload.load_pairs(dta_config(tmp_path, *base, "data.pkd=false"))
     assert dta_workload.load_pairs(dta_config(tmp_path, *base)).pairs is not None
@@ -368,12 +399,21 @@ def test_shards_refuse_a_run_that_reads_their_affinities_in_other_units(tmp_path
 
 def test_grouping_needs_the_pair_table(tmp_path):
     shards = _write_shards(_write_deepdta(tmp_path / "davis"), tmp_path / "shards", 1)
-    base = ["data.source=dta_shards", f"data.path={shards}", "train.batch_size=4"]
+    base = ["data.source=shards", f"data.path={shards}", "train.batch_size=4"]
     with pytest.raises(hopperjax.ConfigError, match=r"data\.group_by: needs a pair table"):
         dta_config(tmp_path, *base, "data.group_by=protein")
     config = dta_config(tmp_path, *base, "data.group_by=none", "data.protein_max_len=128")
     with pytest.raises(hopperjax.ConfigError, match=r"data\.protein_max_len"):
-        dta_workload.AffinityRegression().build_datasets(config, process_index=0, process_count=1)
+        dta_workload.AffinityRegression(config).build_datasets(ProcessShard(0, 1))
+
+
+def test_microbatches_are_refused_when_the_config_loads(tmp_path):
+    """A DTA batch's pairs share its deduplicated molecule tables, so it cannot be cut into
+    microbatches: refused at config load, naming the key, before anything is built."""
+    with pytest.raises(hopperjax.ConfigError, match=r"^train\.microbatches: not supported") as e:
+        dta_config(tmp_path, "train.microbatches=2")
+    assert e.value.key == "train.microbatches"
+    assert dta_config(tmp_path, "train.microbatches=1").train.microbatches == 1
 
 
 @pytest.mark.parametrize("dedup", [True, False])

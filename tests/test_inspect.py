@@ -9,7 +9,8 @@ from conftest import REPO, TINY
 
 import hopperjax
 from hopperjax import inspect as inspect_lib
-from hopperjax.observe import flops, hlo
+from hopperjax.models import gpt
+from hopperjax.observe import hlo
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def test_forward_gemm_flops_equal_the_analytic_count(quickstart_report):
     config, report = quickstart_report
     forward = sum(g["flops"] for g in report["gemms"] if g["role"] == "forward")
     tokens = config.train.batch_size * config.data.seq_len
-    analytic = tokens * flops.gpt_forward_flops_per_token(config.model, config.data.seq_len)
+    analytic = tokens * gpt.forward_flops_per_token(config.model, config.data.seq_len)
     assert forward == pytest.approx(analytic, rel=0.01)
     # Backward = 2 x forward (activation and weight gradients); no remat -> no recompute.
     assert report["flops_per_step"] == pytest.approx(report["model_flops_per_step"], rel=0.01)
@@ -30,13 +31,15 @@ def test_forward_gemm_flops_equal_the_analytic_count(quickstart_report):
 
 
 def test_report_shape(quickstart_report):
-    _, report = quickstart_report
+    config, report = quickstart_report
     assert report["params"]["count"] == 820_352
     assert report["params"]["bytes"] == 4 * 820_352
     assert report["memory"]["argument_bytes"] >= report["params"]["bytes"]
     assert report["memory"]["temp_bytes"] > 0
     roles = {g["role"] for g in report["gemms"]}
     assert roles == {"forward", "act_grad", "weight_grad"}
+    assert report["workload"] == "lm" and report["examples_name"] == "tokens"
+    assert report["examples_per_step"] == config.train.batch_size * config.data.seq_len
     layers = {g["layer"] for g in report["gemms"]}
     assert {
         "blocks/qkv",
@@ -75,9 +78,11 @@ def test_unaligned_dense_is_named_in_the_advice():
         return jnp.sum((x @ w).astype(jnp.float32) ** 2)
 
     compiled = jax.jit(jax.grad(loss)).lower(w, x).compile()
-    report = inspect_lib.compiled_report(compiled, num_devices=1, local_tokens=8)
+    # The parameters tell the weight gradient (x^T @ dy, the size of w) from other backward GEMMs.
+    report = inspect_lib.compiled_report(compiled, num_devices=1, params={"w": w})
     forward = [g for g in report["gemms"] if g["role"] == "forward"]
     assert [(g["m"], g["n"], g["k"]) for g in forward] == [(8, 50, 96)]
+    assert [g["role"] for g in report["gemms"] if g["role"] != "forward"] == ["weight_grad"]
     # XLA:CPU computes bf16 dots in f32 (multiple of 4 wanted); on GPU they stay bf16 (of 8).
     (finding,) = forward[0]["findings"]
     assert finding.startswith("n=50 is not a multiple of")
@@ -86,10 +91,18 @@ def test_unaligned_dense_is_named_in_the_advice():
 
 
 def test_vocab_padding_advice():
-    assert inspect_lib.advise([], vocab_size=50257) == [
+    """The LM workload's advice; the report lists a workload's advice first."""
+
+    def advice(vocab_size: int) -> list[str]:
+        config = hopperjax.load_config(None, [f"model.vocab_size={vocab_size}"])
+        return hopperjax.workloads.from_config(config).advice()
+
+    padding = (
         "pad model.vocab_size 50257 -> 50304 (multiple of 128): the logits GEMM then tiles exactly"
-    ]
-    assert inspect_lib.advise([], vocab_size=256) == []
+    )
+    assert advice(50257) == [padding]
+    assert advice(256) == []
+    assert inspect_lib.advise([], first=advice(50257)) == [padding]
 
 
 def test_gradient_all_reduce_bytes_match_gradient_bytes():

@@ -10,11 +10,12 @@ import pytest
 from conftest import REPO, TINY
 
 import hopperjax
-from hopperjax.config import REMAT_NAMES, ConfigError
+from hopperjax.config import ConfigError
 from hopperjax.inspect import inspect_config
 from hopperjax.memory import budget, offload
 from hopperjax.observe import hlo
-from hopperjax.trainer.step import cross_entropy
+from hopperjax.trainer import measure
+from hopperjax.workloads.lm import cross_entropy
 
 POLICIES = {
     "full": ["remat.policy=full"],
@@ -37,8 +38,7 @@ def _batch(rows: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
 def _grads(configs: dict[str, hopperjax.Config], batch: dict[str, np.ndarray]):
     """Gradients of every config's model at the same params and batch, from one compile."""
     models = {
-        name: hopperjax.build_model(c.model, hopperjax.get_policy("fp32"), c.remat)
-        for name, c in configs.items()
+        name: hopperjax.build_model(c, hopperjax.get_policy("fp32")) for name, c in configs.items()
     }
     params = next(iter(models.values())).init(jax.random.PRNGKey(0), batch["inputs"])["params"]
     rngs = {"dropout": jax.random.PRNGKey(1)}
@@ -90,11 +90,13 @@ def test_recompute_draws_the_same_dropout_masks(tiny_config):
 
 def test_the_block_tags_every_name_the_policies_accept(tiny_config):
     config = tiny_config()
-    model = hopperjax.build_model(config.model, hopperjax.get_policy("fp32"))
+    model = hopperjax.build_model(config, hopperjax.get_policy("fp32"))
+    accepted = hopperjax.workloads.get(config.workload).remat_names  # what remat.names accepts
+    assert accepted
     tokens = jnp.zeros((2, 8), jnp.int32)
     params = model.init(jax.random.PRNGKey(0), tokens)
     jaxpr = str(jax.make_jaxpr(lambda p: model.apply(p, tokens))(params))
-    for name in REMAT_NAMES:
+    for name in accepted:
         assert f"name={name}" in jaxpr, name
 
 
@@ -294,7 +296,7 @@ def test_search_finds_the_exact_largest_fit_in_few_probes():
 
     def probe(c, batch):
         seen.append(batch)
-        return peak(batch), 0.0
+        return peak(batch), 0.0, 0.0
 
     for budget_bytes in (1000 + 37 * 8, 20_000, 27_000, 40_000, 10**7):
         seen.clear()
@@ -331,7 +333,7 @@ def test_find_batch_cli_result_fits_and_the_next_power_of_two_does_not(tmp_path,
     (fit,) = [p for p in search["probes"] if p["batch_size"] == batch]
     assert fit["fits"] and fit["peak_bytes"] <= limit
     next_pow2 = 1 << batch.bit_length()
-    assert budget.probe_batch(config, next_pow2)[0] > limit
+    assert measure.probe_batch(config, next_pow2)[0] > limit
     assert f"{search['learning_rate']:.3g}" in printed
 
 

@@ -17,32 +17,32 @@ import pytest
 from jax.sharding import PartitionSpec
 
 import hopperjax
-from hopperjax.config import ModelConfig
 from hopperjax.models import layers
+from hopperjax.models.gpt import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN_SPECS = Path(__file__).parent / "golden" / "quickstart_partition_specs.json"
 
 # Tiny sizes: compiling, not computing, dominates these tests' time.
-TINY = ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, max_len=16)
+TINY = GPTConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, max_len=16)
 BATCH, LENGTH = 2, 8
 
 
 @functools.cache
-def _init(config: ModelConfig, precision: str = "fp32"):
+def _init(config: GPTConfig, precision: str = "fp32"):
     """(model, boxed variables, jitted apply), cached (eager init is slow on CPU)."""
-    model = hopperjax.build_model(config, hopperjax.get_policy(precision))
+    model = GPT(config=config, policy=hopperjax.get_policy(precision))
     variables = jax.jit(model.init)(jax.random.key(0), jnp.zeros((BATCH, LENGTH), jnp.int32))
     return model, variables, jax.jit(model.apply)
 
 
-def _abstract_init(config: ModelConfig, precision: str = "fp32"):
+def _abstract_init(config: GPTConfig, precision: str = "fp32"):
     """Boxed variables as ShapeDtypeStructs: shapes, dtypes and metadata without computing."""
-    model = hopperjax.build_model(config, hopperjax.get_policy(precision))
+    model = GPT(config=config, policy=hopperjax.get_policy(precision))
     return jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((BATCH, LENGTH), jnp.int32))
 
 
-def _tokens(config: ModelConfig, seed: int = 1) -> jax.Array:
+def _tokens(config: GPTConfig, seed: int = 1) -> jax.Array:
     return jax.random.randint(
         jax.random.key(seed), (BATCH, LENGTH), 0, config.vocab_size, dtype=jnp.int32
     )
@@ -154,7 +154,7 @@ def test_scanned_block_params_have_leading_layers_axis():
 # Parameter counts
 
 
-def _expected_param_count(c: ModelConfig) -> int:
+def _expected_param_count(c: GPTConfig) -> int:
     """Analytic count derived from gpt.py (biases on every Dense but the lm_head when use_bias)."""
     d, v, mlp = c.d_model, c.vocab_size, c.mlp_dim or 4 * c.d_model
     mlp_in_out = 2 if c.mlp == "swiglu" else 1  # swiglu's mlp_in emits gate and up together
@@ -222,7 +222,7 @@ def test_param_count_learned_untied_swiglu_explicit():
 
 def _quickstart_logical_specs() -> dict[str, list[str | None]]:
     config = hopperjax.load_config(REPO / "configs" / "quickstart.yaml")
-    model = hopperjax.build_model(config.model, hopperjax.get_policy(config.precision))
+    model = hopperjax.build_model(config)  # the config's workload model and precision
     tokens = jnp.zeros((1, config.data.seq_len), jnp.int32)
     abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens))  # no real init
     specs = nn.get_partition_spec(abstract)

@@ -13,7 +13,8 @@ import optax
 import pytest
 
 import hopperjax
-from hopperjax.config import ModelConfig, OptimConfig
+from hopperjax.config import OptimConfig
+from hopperjax.models.gpt import GPT, GPTConfig
 from hopperjax.optim import build_optimizer, build_schedule, decay_mask, peak_learning_rate
 
 RTOL = 1e-6  # schedules are evaluated in float32
@@ -126,8 +127,8 @@ def test_constant_after_warmup():
 
 
 def _tiny_gpt_params(**overrides) -> dict:
-    config = ModelConfig(vocab_size=32, d_model=8, n_layers=2, n_heads=2, max_len=8, **overrides)
-    model = hopperjax.build_model(config, hopperjax.get_policy("fp32"))
+    config = GPTConfig(vocab_size=32, d_model=8, n_layers=2, n_heads=2, max_len=8, **overrides)
+    model = GPT(config=config, policy=hopperjax.get_policy("fp32"))
     # Shapes suffice for the mask; eval_shape avoids computing the initializers.
     boxed = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
     return nn.meta.unbox(boxed)["params"]

@@ -10,14 +10,15 @@ from conftest import REPO
 import hopperjax
 from hopperjax.config import ConfigError
 from hopperjax.precision.fp8 import FP8_COLLECTION, transformer_engine_error
-from hopperjax.trainer import build_components, cross_entropy
+from hopperjax.trainer import build_components
+from hopperjax.workloads.lm import cross_entropy
 
 
 def test_bf16_forward_matches_fp32_within_bf16_rounding(tiny_config):
     config = tiny_config()
     tokens = jax.random.randint(jax.random.PRNGKey(1), (4, 32), 0, 256)
-    fp32 = hopperjax.build_model(config.model, hopperjax.get_policy("fp32"))
-    bf16 = hopperjax.build_model(config.model, hopperjax.get_policy("bf16"))
+    fp32 = hopperjax.build_model(config, hopperjax.get_policy("fp32"))
+    bf16 = hopperjax.build_model(config, hopperjax.get_policy("bf16"))
     params = nn.meta.unbox(jax.jit(fp32.init)(jax.random.PRNGKey(0), tokens))
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
 

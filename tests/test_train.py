@@ -87,6 +87,19 @@ def test_resume_refuses_a_changed_model(tiny_config):
     assert info.value.key == "model.d_model"
 
 
+def test_resume_refuses_a_change_of_the_optimizer_state_and_allows_a_harmless_one(tiny_config):
+    """optim.clip_norm is no run-defining key, but dropping clipping drops its slot from the
+    optimizer state, so the checkpoints no longer fit; more steps fit them and resume."""
+    hopperjax.train(tiny_config("train.steps=2", "train.checkpoint_every=1"), console=False)
+    with pytest.raises(ConfigError, match="does not fit the checkpoints") as info:
+        hopperjax.train(tiny_config("train.steps=2", "optim.clip_norm=null"), console=False)
+    assert info.value.key == "optim.clip_norm"
+    assert "optim.clip_norm (1.0 -> None)" in str(info.value)
+    resumed = hopperjax.train(tiny_config("train.steps=4"), console=False)
+    assert sorted(train_losses(resumed.history)) == [2, 3]
+    assert int(resumed.state.step) == 4
+
+
 def test_linear_lr_scaling_is_what_the_step_uses(tiny_config):
     base_lr, warmup = 1e-3, 2
     result = hopperjax.train(
@@ -132,7 +145,7 @@ def test_nan_loss_names_the_steps(tiny_config):
 def test_step_compiles_once_and_makes_no_hidden_transfers(tiny_config):
     config = tiny_config()
     mesh = hopperjax.build_mesh(config.mesh)
-    model = hopperjax.build_model(config.model, hopperjax.get_policy(config.precision))
+    model = hopperjax.build_model(config)
     tx, schedule = hopperjax.build_optimizer(config.optim, total_steps=20, global_batch_size=16)
     batch_sharding = hopperjax.parallel.logical_sharding(mesh, ("batch", "length"))
     tokens = jax.ShapeDtypeStruct((16, 32), jnp.int32, sharding=batch_sharding)
@@ -143,6 +156,7 @@ def test_step_compiles_once_and_makes_no_hidden_transfers(tiny_config):
         schedule=schedule,
         state_shardings=shardings,
         batch_sharding=batch_sharding,
+        workload=hopperjax.workloads.from_config(config),
     )
     batch = {
         k: jax.device_put(jnp.ones((16, 32), jnp.int32), batch_sharding)

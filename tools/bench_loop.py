@@ -46,7 +46,7 @@ def bare_step_seconds(config: hopperjax.Config, *, steps: int, chunk: int) -> fl
     heap = host_heap.keep_step_memory(config.train.host_heap_pad_mib, compiled_steps=[step])
     print(heap.describe(), file=sys.stderr)
     batches = DevicePrefetcher(
-        make_iterator(parts.datasets.train, config),
+        make_iterator(parts.datasets.train, config.data),
         parts.batch_sharding,
         depth=2,
         blocks=parts.batch_blocks,
@@ -84,7 +84,7 @@ def loop_step_seconds(config: hopperjax.Config, *, steps: int) -> float:
 
 def pipeline_batches_per_second(config: hopperjax.Config, *, batches: int) -> dict[str, float]:
     parts = build_components(config)
-    host = make_iterator(parts.datasets.train, config)
+    host = make_iterator(parts.datasets.train, config.data)
     next(host)
     start = time.perf_counter()
     for _ in range(batches):
@@ -92,7 +92,7 @@ def pipeline_batches_per_second(config: hopperjax.Config, *, batches: int) -> di
     host_rate = batches / (time.perf_counter() - start)
 
     device = DevicePrefetcher(
-        make_iterator(parts.datasets.train, config),
+        make_iterator(parts.datasets.train, config.data),
         parts.batch_sharding,
         depth=config.data.device_prefetch,
         blocks=parts.batch_blocks,

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grain
 
-from hopperjax.config import load_config
+from hopperjax.config import DataConfig
 from hopperjax.data import dta_shards, make_iterator, molecules
 
 
@@ -46,7 +46,7 @@ def bench(paths: list[str], *, workers: int, batch_size: int, batches: int) -> d
     """Pairs per second through source -> shuffle -> decode -> batch, after the first batch."""
     ds = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths)).shuffle(seed=0)
     ds = ds.map(dta_shards.decode_pair).batch(batch_size, drop_remainder=True).repeat(None)
-    it = make_iterator(ds, load_config(None, [f"data.workers={workers}"]))
+    it = make_iterator(ds, DataConfig(workers=workers))
     next(it)  # worker start-up is not throughput
     start = time.perf_counter()
     for _ in range(batches):
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"wrote {shards.pairs} pairs ({shards.skipped} skipped; {splits}) of {table.source} to "
         f"{len(paths)} shards in {args.out}: {size} bytes, {time.perf_counter() - start:.2f} s; "
-        f"train on them with data.source=dta_shards data.path={args.out}"
+        f"train on them with workload=dta data.source=shards data.path={args.out}"
     )
     if args.bench:
         for workers in (0, 1, 2):

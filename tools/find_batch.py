@@ -24,10 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 
+from hopperjax import workloads
 from hopperjax.config import ConfigError, load_config
 from hopperjax.memory import budget
-from hopperjax.observe import flops
 from hopperjax.parallel import build_mesh
+from hopperjax.trainer import measure
 
 
 def _ints(text: str) -> list[int]:
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                         "train.batch_size": k,
                     }
                 )
-                search = budget.find_largest_batch(
+                search = measure.find_largest_batch(
                     variant,
                     budget_bytes=budget_bytes,
                     max_batch_size=args.max_batch,
@@ -111,20 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     devices = jax.device_count()
-
-    def model_flops_per_device(batch: int) -> float:
-        return (
-            flops.gpt_train_flops_per_step(
-                config.model, batch_size=batch, seq_len=config.data.seq_len
-            )
-            / devices
-        )
-
+    workload = workloads.from_config(config)
+    unit = workload.examples_name
     print(
         f"budget {budget_bytes / budget.GIB:.3f} GiB per device on {device.device_kind}, "
-        f"{devices} devices, seq_len {config.data.seq_len}"
+        f"{devices} devices, workload {config.workload} ({unit} per batch row: "
+        f"{workload.examples_per_step(1)})"
     )
-    print(budget.search_table(searches, model_flops_per_device))
+    print(budget.search_table(searches))
     measured = []
     for s in searches if args.measure_steps else []:
         if s.batch_size is None:
@@ -137,22 +132,22 @@ def main(argv: list[str] | None = None) -> int:
                 "train.eval_batch_size": None,
             }
         )
-        seconds = budget.measure_step_seconds(run, steps=args.measure_steps)
-        tokens = s.batch_size * config.data.seq_len
-        model_tflops = model_flops_per_device(s.batch_size) * devices / seconds / 1e12
+        seconds = measure.measure_step_seconds(run, steps=args.measure_steps)
+        examples = workload.examples_per_step(s.batch_size)
+        model_tflops = s.best.model_flops_per_device * devices / seconds / 1e12
         measured.append(
             {
                 "remat": s.remat,
                 "microbatches": s.microbatches,
                 "batch_size": s.batch_size,
                 "step_s": seconds,
-                "tokens_per_s": tokens / seconds,
+                f"{unit}_per_s": examples / seconds,
                 "model_tflops": model_tflops,
             }
         )
         print(
             f"measured: remat {s.remat} x{s.microbatches} batch {s.batch_size}: "
-            f"{seconds * 1e3:.1f} ms/step, {tokens / seconds:,.0f} tokens/s, "
+            f"{seconds * 1e3:.1f} ms/step, {examples / seconds:,.0f} {unit}/s, "
             f"{model_tflops / devices:.3g} model TFLOP/s per device",
             flush=True,
         )

@@ -1,16 +1,10 @@
-"""Input pipelines (grain) and device prefetch."""
+"""Input: generic grain plumbing and device prefetch, plus one module per kind of source.
 
-from hopperjax.data.pipeline import Datasets, build_datasets, make_iterator
+Sources (``text``, ``molecules``, ``dta_batches``, ``dta_shards``) know their file formats, never
+a workload or the trainer; a workload (``hopperjax/workloads/``) composes them into ``Datasets``.
+"""
+
+from hopperjax.data.grain_io import Datasets, ProcessShard, make_iterator
 from hopperjax.data.prefetch import DevicePrefetcher, to_global_batch
-from hopperjax.data.text import BYTE_VOCAB_SIZE, ByteWindows, embedded_corpus
 
-__all__ = [
-    "BYTE_VOCAB_SIZE",
-    "ByteWindows",
-    "Datasets",
-    "DevicePrefetcher",
-    "build_datasets",
-    "embedded_corpus",
-    "make_iterator",
-    "to_global_batch",
-]
+__all__ = ["Datasets", "DevicePrefetcher", "ProcessShard", "make_iterator", "to_global_batch"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import struct
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hopperjax import files
 from hopperjax.data.molecules import DataError, DtaTable, Tokenizer, tokenize_table
 
 META_NAME = "dataset.json"
@@ -88,30 +88,6 @@ def _split_order(table: DtaTable) -> tuple[np.ndarray, dict[str, tuple[int, int]
     return np.concatenate([*order, rest]), splits  # pairs in no split go last, in no range
 
 
-def _atomic_write(path: Path, write) -> None:
-    """``write(temp_path)``, fsync, rename: a crash never leaves a partial file under ``path``."""
-    temp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(temp)
-        fd = os.open(temp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_shards(
     table: DtaTable,
     drug_tokenizer: Tokenizer,
@@ -143,7 +119,7 @@ def write_shards(
     (out / META_NAME).unlink(missing_ok=True)
     for stale in out.glob(".*.tmp"):  # left by a killed conversion
         stale.unlink()
-    _fsync_directory(out)  # the set reads as incomplete from here on, even after a power loss
+    files.fsync_directory(out)  # the set reads as incomplete from here on, even after a power loss
     order, splits = _split_order(table)
     pairs = len(order)
     num_shards = min(num_shards, pairs)
@@ -170,12 +146,12 @@ def write_shards(
             finally:
                 writer.close()
 
-        _atomic_write(path, write)
+        files.atomic_write(path, write)
         paths.append(path)
     for old in out.iterdir():
         if _SHARD.fullmatch(old.name) and old not in paths:
             old.unlink()
-    _fsync_directory(out)  # shard names and removals are durable before the set is declared
+    files.fsync_directory(out)  # shard names and removals are durable before the set is declared
     meta = {
         "format": FORMAT,
         "source": table.source,
@@ -190,7 +166,7 @@ def write_shards(
         "pkd": table.pkd,
         "unknown_chars": {"drug": drug_tokenizer.unknown, "protein": protein_tokenizer.unknown},
     }
-    _atomic_write(out / META_NAME, lambda temp: temp.write_text(json.dumps(meta, indent=1)))
+    files.atomic_write(out / META_NAME, lambda temp: temp.write_text(json.dumps(meta, indent=1)))
     return read_shards(out)
 
 

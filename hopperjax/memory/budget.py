@@ -1,27 +1,25 @@
-"""Device memory of a compiled step, and the largest batch that fits a budget, without running.
+"""Device memory of a compiled step, and the search for the largest batch that fits a budget.
 
-Every probe builds the run's components for one batch size, compiles the train step and reads
-XLA's memory analysis: arguments + outputs + temporaries - donated (aliased) buffers is what the
-step needs on each device at its peak. The search runs over multiples of the smallest legal batch
-(the data*fsdp mesh ways times the microbatch count). Peak memory is close to affine in the
-batch size, so the next probe is the batch that the last two probes' line predicts to fill the
-budget; a bisection fallback keeps the search finite when the line is off.
+A probe compiles the train step for one batch size (``trainer/measure.py`` builds the run for
+it) and reads XLA's memory analysis: arguments + outputs + temporaries - donated (aliased)
+buffers is what the step needs on each device at its peak. The search runs over multiples of the
+smallest legal batch (the data*fsdp mesh ways times the microbatch count). Peak memory is close to
+affine in the batch size, so the next probe is the batch that the last two probes' line predicts
+to fill the budget; a bisection fallback keeps the search finite when the line is off.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
-from hopperjax.config import Config, ConfigError
-from hopperjax.observe import hlo as hlo_lib
+from hopperjax.config import Config
 from hopperjax.optim import peak_learning_rate
+from hopperjax.parallel import batch_axis_size, build_mesh
 
 GIB = 2**30
 
@@ -75,12 +73,18 @@ def default_budget_bytes(device: jax.Device, headroom: float = 0.05) -> int | No
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """One compiled batch size: its per-device peak bytes and GEMM FLOPs per step."""
+    """One compiled batch size: its per-device peak bytes, the compiled step's GEMM FLOPs and
+    the model's own FLOPs (the workload's count; no recompute) per step and device."""
 
     batch_size: int
     peak_bytes: int
     flops_per_device: float
+    model_flops_per_device: float
     fits: bool
+
+
+# probe(config, batch_size) -> (peak bytes, GEMM FLOPs, model FLOPs), all per device and step.
+ProbeFn = Callable[[Config, int], tuple[int, float, float]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,54 +113,35 @@ class BatchSearch:
         return max(fitting, key=lambda p: p.batch_size) if fitting else None
 
 
-def probe_batch(
-    config: Config, batch_size: int, *, devices: Sequence[jax.Device] | None = None
-) -> tuple[int, float]:
-    """(peak bytes per device, GEMM FLOPs per device) of the train step at ``batch_size``."""
-    from hopperjax.trainer import build_components  # the trainer builds on this package
-
-    sized = config.replace(**{"train.batch_size": batch_size, "train.eval_batch_size": None})
-    parts = build_components(sized, devices=devices)
-    compiled = parts.lower_train_step().compile()
-    memory = compiled_memory(compiled)
-    if not memory:
-        raise ConfigError(
-            "--budget-gb", f"the {jax.default_backend()} backend gives no memory analysis"
-        )
-    gemms, _ = hlo_lib.analyze(compiled.as_text(), num_devices=parts.mesh.size)
-    return memory["peak_estimate_bytes"], float(sum(g.flops for g in gemms))
-
-
 def find_largest_batch(
     config: Config,
     *,
     budget_bytes: int,
+    probe: ProbeFn,
     devices: Sequence[jax.Device] | None = None,
     max_batch_size: int = 2**20,
     tolerance: float = 0.0,
     max_probes: int = 24,
-    probe: Callable[[Config, int], tuple[int, float]] | None = None,
 ) -> BatchSearch:
     """The largest global batch whose compiled train step fits ``budget_bytes`` per device.
 
     Args:
       config: the run; its remat policy, microbatch count, mesh and model are kept.
       budget_bytes: device memory the step may use at its peak.
+      probe: ``probe(config, batch_size) -> (peak_bytes, flops, model_flops)`` per device
+        (``trainer.measure.probe_batch`` compiles the step).
+      devices: the mesh's devices (they set the smallest legal batch).
       max_batch_size: stop growing here (the result is then not proven maximal).
       tolerance: stop once the gap between the largest fit and the smallest miss is at most this
         fraction of the fit (0: exact to one unit; 0.05 saves compiles on big models).
-      probe: ``probe(config, batch_size) -> (peak_bytes, flops)``; compiles by default.
     """
-    from hopperjax.parallel import batch_axis_size, build_mesh
-
     unit = batch_axis_size(build_mesh(config.mesh, devices)) * config.train.microbatches
-    run = probe or (lambda c, b: probe_batch(c, b, devices=devices))
     max_n = max(1, max_batch_size // unit)
     probes: dict[int, Probe] = {}
 
     def fits(n: int) -> bool:
-        peak, flops = run(config, n * unit)
-        probes[n] = Probe(n * unit, int(peak), flops, peak <= budget_bytes)
+        peak, flops, model_flops = probe(config, n * unit)
+        probes[n] = Probe(n * unit, int(peak), flops, model_flops, peak <= budget_bytes)
         return probes[n].fits
 
     def result(lo: int | None, hi: int | None) -> BatchSearch:
@@ -213,13 +198,11 @@ def _affine_guess(a: Probe, b: Probe, budget_bytes: int, unit: int) -> int | Non
     return math.floor((a.batch_size + (budget_bytes - a.peak_bytes) / slope) / unit)
 
 
-def search_table(
-    searches: Sequence[BatchSearch], model_flops_per_device: Callable[[int], float]
-) -> str:
+def search_table(searches: Sequence[BatchSearch]) -> str:
     """A markdown table: policy, microbatches, largest batch, peak, FLOPs, recompute, LR.
 
-    ``model_flops_per_device(batch)``: the model's own FLOPs per step and device at that batch;
-    recompute is the compiled GEMM FLOPs over it (> 1: remat recomputes forward GEMMs).
+    Recompute is the compiled GEMM FLOPs over the model's own FLOPs (> 1: remat recomputes
+    forward GEMMs).
     """
     lines = [
         "| remat | microbatches | largest batch | peak GiB/device | GFLOP/step/device "
@@ -236,7 +219,7 @@ def search_table(
             )
             continue
         marker = "" if s.proven_max else " (cap)"
-        ratio = best.flops_per_device / model_flops_per_device(best.batch_size)
+        ratio = best.flops_per_device / best.model_flops_per_device
         lines.append(
             f"| {s.remat} | {s.microbatches} | {best.batch_size}{marker} | "
             f"{best.peak_bytes / GIB:.3f} | {best.flops_per_device / 1e9:.2f} | x{ratio:.3f} | "
@@ -247,36 +230,3 @@ def search_table(
 
 def searches_to_json(searches: Sequence[BatchSearch]) -> list[dict[str, Any]]:
     return [dataclasses.asdict(s) for s in searches]
-
-
-def measure_step_seconds(
-    config: Config,
-    *,
-    steps: int = 10,
-    warmup: int = 2,
-    parts: Any = None,
-    compiled: jax.stages.Compiled | None = None,
-) -> float:
-    """Median wall time of the compiled train step on a batch already on the devices, with the
-    loop's host heap setting (``train.host_heap_pad_mib``), as a run would time it.
-
-    ``parts`` / ``compiled``: the run's components and compiled step, when the caller has them.
-    """
-    from hopperjax.data import to_global_batch
-    from hopperjax.memory import host_heap
-    from hopperjax.trainer import build_components
-
-    parts = parts or build_components(config)
-    compiled = compiled or parts.lower_train_step().compile()
-    host_heap.keep_step_memory(config.train.host_heap_pad_mib, compiled_steps=[compiled])
-    local = next(iter(parts.datasets.train))  # one real batch, reused: the input is not timed
-    batch = to_global_batch(local, parts.batch_sharding, blocks=parts.batch_blocks)
-    state = parts.init_state()
-    times = []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
-        state, metrics = compiled(state, batch)
-        jax.block_until_ready(metrics)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)

@@ -9,18 +9,92 @@ proteins for 30,056 pairs, and the protein encoder dominates the FLOPs.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
+from typing import Literal
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hopperjax.config import DtaConfig, ModelConfig, RematConfig
+from hopperjax import config as config_lib
+from hopperjax.config import RematConfig
 from hopperjax.models import layers
-from hopperjax.models.gpt import scanned_blocks
+from hopperjax.models.transformer import StackConfig, scanned_blocks
 from hopperjax.precision import Policy
 
 CNN_WIDTHS = (1, 2, 3)  # DeepDTA: filters, 2x and 3x filters in the three convolutions
+
+
+@dataclasses.dataclass(frozen=True)
+class DTAConfig(config_lib.ModelConfig):
+    """The DTA model's ``model:`` group.
+
+    Each encoder is ``cnn`` (DeepDTA: three 1-D convolutions of ``filters``, 2x and 3x channels,
+    ReLU, global max pool) or ``transformer`` (``layers`` pre-norm blocks of width ``d_model`` from
+    the shared transformer blocks, bidirectional with padding masked, mean-pooled).
+    ``protein_pool`` > 1 max-pools the protein sequence by that factor after each of the first two
+    convolutions. ``head_dims``: the MLP on the concatenated drug and protein vectors
+    (comma-separated). ``dropout``: after each head layer but the last, and in the transformer
+    blocks.
+    """
+
+    drug_encoder: Literal["cnn", "transformer"] = "cnn"
+    protein_encoder: Literal["cnn", "transformer"] = "cnn"
+    embed_dim: int = 128
+    filters: int = 32
+    drug_kernel: int = 4
+    protein_kernel: int = 8
+    protein_pool: int = 1
+    d_model: int = 128
+    layers: int = 2
+    heads: int = 4
+    head_dims: str = "1024,1024,512"
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    @property
+    def head_sizes(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.head_dims.split(",") if x.strip())
+
+    @property
+    def stack(self) -> StackConfig:
+        """The transformer encoders' blocks (RoPE positions, GELU MLPs of 4 x d_model)."""
+        return StackConfig(
+            d_model=self.d_model,
+            n_layers=self.layers,
+            n_heads=self.heads,
+            dropout=self.dropout,
+            norm_eps=self.norm_eps,
+            init_std=self.init_std,
+        )
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the ``model.*`` key of the first bad value."""
+        for key in ("embed_dim", "filters", "drug_kernel", "protein_kernel", "protein_pool"):
+            config_lib.positive(f"model.{key}", getattr(self, key))
+        for key in ("d_model", "layers", "heads"):
+            config_lib.positive(f"model.{key}", getattr(self, key))
+        if self.d_model % self.heads:
+            raise config_lib.ConfigError(
+                "model.heads", f"must divide model.d_model={self.d_model}, got {self.heads}"
+            )
+        try:
+            sizes = self.head_sizes
+        except ValueError:
+            raise config_lib.ConfigError(
+                "model.head_dims", f"expected comma-separated integers, got {self.head_dims!r}"
+            ) from None
+        if not sizes or min(sizes) <= 0:
+            raise config_lib.ConfigError(
+                "model.head_dims", f"expected positive sizes, got {self.head_dims!r}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise config_lib.ConfigError(
+                "model.dropout", f"expected 0 <= dropout < 1, got {self.dropout}"
+            )
 
 
 class ConvEncoder(nn.Module):
@@ -31,26 +105,25 @@ class ConvEncoder(nn.Module):
     """
 
     vocab_size: int
-    dta: DtaConfig
+    config: DTAConfig
     kernel: int
     pool: int
     policy: Policy
-    init_std: float
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """tokens: [N, L] int32 (0 = padding) -> [N, 3 * filters] in the compute dtype."""
         x = layers.embed(
             self.vocab_size,
-            self.dta.embed_dim,
+            self.config.embed_dim,
             axes=("vocab", "embed"),
             policy=self.policy,
-            std=self.init_std,
+            std=self.config.init_std,
             name="embed",
         )(tokens)
         for i, width in enumerate(CNN_WIDTHS):
             x = nn.Conv(
-                self.dta.filters * width,
+                self.config.filters * width,
                 kernel_size=(self.kernel,),
                 padding="VALID",
                 dtype=self.policy.compute_dtype,
@@ -64,41 +137,33 @@ class ConvEncoder(nn.Module):
 
 
 class TransformerEncoder(nn.Module):
-    """Bidirectional pre-norm transformer from the GPT's blocks (so precision, FP8 and remat
+    """Bidirectional pre-norm transformer from the shared blocks (so precision, FP8 and remat
     apply), padding keys masked, mean-pooled over the valid positions."""
 
     vocab_size: int
-    dta: DtaConfig
-    model: ModelConfig
+    config: DTAConfig
     policy: Policy
     remat: RematConfig
 
     @nn.compact
     def __call__(self, tokens: jax.Array, deterministic: bool) -> jax.Array:
         """tokens: [N, L] int32 (0 = padding, sequences left-aligned) -> [N, d_model]."""
-        dta = self.dta
-        config = ModelConfig(
-            d_model=dta.d_model,
-            n_layers=dta.layers,
-            n_heads=dta.heads,
-            max_len=tokens.shape[1],
-            dropout=self.model.dropout,
-            norm_eps=self.model.norm_eps,
-            init_std=self.model.init_std,
-        )
+        cfg = self.config
         valid = tokens != 0
         lengths = jnp.maximum(valid.sum(axis=1), 1).astype(jnp.int32)
         x = layers.embed(
             self.vocab_size,
-            dta.d_model,
+            cfg.d_model,
             axes=("vocab", "embed"),
             policy=self.policy,
-            std=self.model.init_std,
+            std=cfg.init_std,
             name="embed",
         )(tokens).astype(self.policy.compute_dtype)
-        x = scanned_blocks(config, self.policy, self.remat, deterministic, causal=False)(x, lengths)
+        x = scanned_blocks(cfg.stack, self.policy, self.remat, deterministic, causal=False)(
+            x, lengths
+        )
         x = layers.layer_norm(
-            policy=self.policy, eps=self.model.norm_eps, use_bias=True, name="final_norm"
+            policy=self.policy, eps=cfg.norm_eps, use_bias=True, name="final_norm"
         )(x)
         weights = valid.astype(jnp.float32)[..., None]
         return (x * weights).sum(axis=1) / jnp.maximum(weights.sum(axis=1), 1.0)
@@ -108,13 +173,12 @@ class DTA(nn.Module):
     """Affinity of each (drug, protein) pair of a batch.
 
     Attributes:
-      config: shared model keys (dropout, init_std, norm_eps).
-      dta: encoder and head sizes.
-      drug_vocab, protein_vocab: token ids of the two tokenizers (``data/molecules.py``).
+      config: encoder and head sizes.
+      drug_vocab, protein_vocab: token ids of the two tokenizers (the workload passes them in;
+        models never read data).
     """
 
-    config: ModelConfig
-    dta: DtaConfig
+    config: DTAConfig
     policy: Policy
     remat: RematConfig
     drug_vocab: int
@@ -122,10 +186,8 @@ class DTA(nn.Module):
 
     def _encoder(self, kind: str, vocab: int, kernel: int, pool: int, name: str) -> nn.Module:
         if kind == "cnn":
-            return ConvEncoder(
-                vocab, self.dta, kernel, pool, self.policy, self.config.init_std, name=name
-            )
-        return TransformerEncoder(vocab, self.dta, self.config, self.policy, self.remat, name=name)
+            return ConvEncoder(vocab, self.config, kernel, pool, self.policy, name=name)
+        return TransformerEncoder(vocab, self.config, self.policy, self.remat, name=name)
 
     def _encode(self, encoder: nn.Module, tokens: jax.Array, deterministic: bool) -> jax.Array:
         if isinstance(encoder, TransformerEncoder):
@@ -136,7 +198,7 @@ class DTA(nn.Module):
     def __call__(self, batch: dict[str, jax.Array], *, deterministic: bool = True) -> jax.Array:
         """batch: drug_tokens [Ud, Ld], protein_tokens [Up, Lp], drug_index, protein_index [B]
         -> predicted affinity [B] float32."""
-        dta, policy = self.dta, self.policy
+        dta, policy = self.config, self.policy
         drugs = self._encoder(dta.drug_encoder, self.drug_vocab, dta.drug_kernel, 1, "drug")
         proteins = self._encoder(
             dta.protein_encoder, self.protein_vocab, dta.protein_kernel, dta.protein_pool, "protein"
@@ -175,3 +237,54 @@ class DTA(nn.Module):
             name="out",
         )(x)
         return out[:, 0].astype(jnp.float32)
+
+
+def encoder_flops(config: DTAConfig, which: str, length: int) -> float:
+    """Forward FLOPs of encoding one sequence (multiply-adds x 2; embeddings are lookups).
+
+    ``which``: "drug" or "protein"."""
+    kind = config.drug_encoder if which == "drug" else config.protein_encoder
+    if kind == "transformer":
+        d = config.d_model
+        # qkv 3d^2, out d^2, MLP 8d^2 per token per layer; scores and values 2Ld per token.
+        return 2.0 * config.layers * length * (12 * d * d + 2 * length * d)
+    kernel = config.drug_kernel if which == "drug" else config.protein_kernel
+    pool = 1 if which == "drug" else config.protein_pool
+    total, channels, size = 0.0, config.embed_dim, length
+    for i, width in enumerate(CNN_WIDTHS):
+        out = config.filters * width
+        size = size - kernel + 1
+        total += 2.0 * size * kernel * channels * out
+        channels = out
+        if pool > 1 and i < len(CNN_WIDTHS) - 1:
+            size //= pool
+    return total
+
+
+def head_flops(config: DTAConfig) -> float:
+    """Forward FLOPs of the head for one pair."""
+
+    def width(kind: str) -> int:
+        return config.d_model if kind == "transformer" else CNN_WIDTHS[-1] * config.filters
+
+    sizes = [width(config.drug_encoder) + width(config.protein_encoder), *config.head_sizes, 1]
+    return 2.0 * sum(a * b for a, b in itertools.pairwise(sizes))
+
+
+def train_flops_per_step(
+    config: DTAConfig,
+    *,
+    drugs: int,
+    proteins: int,
+    pairs: int,
+    drug_len: int,
+    protein_len: int,
+) -> float:
+    """Model FLOPs of one training step (3 x forward) that encodes ``drugs`` and ``proteins``
+    sequences (table rows) and scores ``pairs``."""
+    forward = (
+        drugs * encoder_flops(config, "drug", drug_len)
+        + proteins * encoder_flops(config, "protein", protein_len)
+        + pairs * head_flops(config)
+    )
+    return 3.0 * forward

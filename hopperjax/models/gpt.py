@@ -1,113 +1,84 @@
-"""GPT-style decoder-only transformer (pre-norm), layers stacked with ``nn.scan``."""
+"""GPT-style decoder-only transformer (pre-norm), blocks stacked with ``nn.scan``; its config
+and its analytic FLOPs."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+import dataclasses
+from typing import Literal
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
 
-from hopperjax.config import ModelConfig, RematConfig
-from hopperjax.memory.remat import remat_block
+from hopperjax import config as config_lib
+from hopperjax.config import RematConfig
 from hopperjax.models import layers
+from hopperjax.models.transformer import StackConfig, scanned_blocks
 from hopperjax.precision import Policy
-from hopperjax.precision.fp8 import FP8_COLLECTION
+
+# Dense layers FP8 can run: the blocks' projections, and the output head when untied.
+FP8_LAYERS = ("qkv", "attn_out", "mlp_in", "mlp_out", "lm_head")
 
 
-class Block(nn.Module):
-    """One pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)).
+@dataclasses.dataclass(frozen=True)
+class GPTConfig(config_lib.ModelConfig):
+    """The GPT's ``model:`` group. ``mlp_dim`` None means 4 x ``d_model``.
 
-    Intermediates are tagged with ``checkpoint_name`` (``config.REMAT_NAMES``) for the remat
-    policies that save or offload activations by name.
+    ``scan_unroll``: blocks unrolled per iteration of the layer scan (``n_layers``: no loop left;
+    worth it for small models, whose step time the loop's overhead dominates).
     """
 
-    config: ModelConfig
-    policy: Policy
-    deterministic: bool = True
-    causal: bool = True
+    vocab_size: int = 256
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_dim: int | None = None
+    max_len: int = 128
+    positions: Literal["rope", "learned"] = "rope"
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    tie_embeddings: bool = True
+    use_bias: bool = False
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+    scan_unroll: int = 1
 
-    @nn.compact
-    def __call__(self, x: jax.Array, lengths: jax.Array | None = None) -> tuple[jax.Array, None]:
-        """x: [batch, length, embed] -> (same, None) as a scan body.
+    @property
+    def stack(self) -> StackConfig:
+        """The blocks' part of this config."""
+        return StackConfig(
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            mlp_dim=self.mlp_dim,
+            mlp=self.mlp,
+            positions=self.positions,
+            use_bias=self.use_bias,
+            dropout=self.dropout,
+            norm_eps=self.norm_eps,
+            rope_theta=self.rope_theta,
+            init_std=self.init_std,
+            scan_unroll=self.scan_unroll,
+        )
 
-        ``lengths`` ([batch] valid positions, broadcast to every layer) masks padded keys; the
-        bidirectional encoders of ``models/dta.py`` use it with ``causal=False``.
-        """
-        cfg, policy = self.config, self.policy
-        heads, head_dim = cfg.n_heads, cfg.d_model // cfg.n_heads
-        # GPT-2: residual projections scaled by 1/sqrt(2 * layers) keep the stream's variance flat.
-        out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
-        dropout = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
-        compute = policy.compute_dtype
-
-        h = layers.layer_norm(
-            policy=policy, eps=cfg.norm_eps, use_bias=cfg.use_bias, name="attn_norm"
-        )(x).astype(compute)
-        qkv = layers.dense(
-            (3, heads, head_dim),
-            axes=("embed", None, "heads", "kv"),
-            policy=policy,
-            std=cfg.init_std,
-            use_bias=cfg.use_bias,
-            name="qkv",
-        )(h)
-        qkv = checkpoint_name(qkv, "qkv")
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each (B, T, nh, hd)
-        if cfg.positions == "rope":
-            positions = jnp.arange(x.shape[1])
-            q = layers.rope(q, positions, cfg.rope_theta)
-            k = layers.rope(k, positions, cfg.rope_theta)
-        attn = layers.attention(q, k, v, causal=self.causal, lengths=lengths)  # (B, T, nh, hd)
-        attn = checkpoint_name(attn, "attention")
-        attn = layers.dense(
-            cfg.d_model,
-            axes=("heads", "kv", "embed"),
-            policy=policy,
-            std=out_std,
-            use_bias=cfg.use_bias,
-            name="attn_out",
-        )(attn)
-        x = x + dropout(checkpoint_name(attn, "attn_out"))
-
-        h = layers.layer_norm(
-            policy=policy, eps=cfg.norm_eps, use_bias=cfg.use_bias, name="mlp_norm"
-        )(x).astype(compute)
-        mlp_dim = cfg.mlp_dim or 4 * cfg.d_model
-        if cfg.mlp == "swiglu":
-            gate_up = layers.dense(
-                (2, mlp_dim),
-                axes=("embed", None, "mlp"),
-                policy=policy,
-                std=cfg.init_std,
-                use_bias=cfg.use_bias,
-                name="mlp_in",
-            )(h)
-            gate_up = checkpoint_name(gate_up, "mlp_in")
-            h = nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
-        else:
-            h = layers.dense(
-                mlp_dim,
-                axes=("embed", "mlp"),
-                policy=policy,
-                std=cfg.init_std,
-                use_bias=cfg.use_bias,
-                name="mlp_in",
-            )(h)
-            h = layers.gelu_exact(checkpoint_name(h, "mlp_in"))
-        h = checkpoint_name(h, "mlp_hidden")
-        h = layers.dense(
-            cfg.d_model,
-            axes=("mlp", "embed"),
-            policy=policy,
-            std=out_std,
-            use_bias=cfg.use_bias,
-            name="mlp_out",
-        )(h)
-        x = x + dropout(checkpoint_name(h, "mlp_out"))
-        return layers.constrain(x, ("batch", "length", "embed")), None
+    def validate(self) -> None:
+        """Raises ConfigError naming the ``model.*`` key of the first bad value."""
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "scan_unroll"):
+            config_lib.positive(f"model.{key}", getattr(self, key))
+        config_lib.positive("model.mlp_dim", self.mlp_dim, allow_none=True)
+        if self.d_model % self.n_heads:
+            raise config_lib.ConfigError(
+                "model.n_heads", f"must divide model.d_model={self.d_model}, got {self.n_heads}"
+            )
+        head_dim = self.d_model // self.n_heads
+        if self.positions == "rope" and head_dim % 2:
+            raise config_lib.ConfigError(
+                "model.n_heads", f"RoPE needs an even head dim, got {head_dim}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise config_lib.ConfigError(
+                "model.dropout", f"expected 0 <= dropout < 1, got {self.dropout}"
+            )
 
 
 class GPT(nn.Module):
@@ -119,7 +90,7 @@ class GPT(nn.Module):
       remat: what each block keeps for the backward pass (``memory/remat.py``).
     """
 
-    config: ModelConfig
+    config: GPTConfig
     policy: Policy
     remat: RematConfig = RematConfig()
 
@@ -155,7 +126,7 @@ class GPT(nn.Module):
         x = nn.Dropout(cfg.dropout, deterministic=deterministic)(x)
         x = layers.constrain(x, ("batch", "length", "embed"))
 
-        x = scanned_blocks(cfg, policy, self.remat, deterministic, causal=True)(x)
+        x = scanned_blocks(cfg.stack, policy, self.remat, deterministic, causal=True)(x)
 
         x = layers.layer_norm(
             policy=policy, eps=cfg.norm_eps, use_bias=cfg.use_bias, name="final_norm"
@@ -174,34 +145,24 @@ class GPT(nn.Module):
         return logits.astype(policy.output_dtype)
 
 
-def scanned_blocks(
-    config: ModelConfig,
-    policy: Policy,
-    remat: RematConfig,
-    deterministic: bool,
-    *,
-    causal: bool,
-    name: str = "blocks",
-) -> Callable[..., jax.Array]:
-    """``config.n_layers`` Blocks as one ``nn.scan`` over a stacked "layers" parameter axis.
+def matmul_params(config: GPTConfig) -> int:
+    """Parameters used in matmuls (the output head included, embedding lookups not)."""
+    d = config.d_model
+    mlp = config.mlp_dim or 4 * d
+    mlp_in = 2 * mlp if config.mlp == "swiglu" else mlp
+    per_layer = d * 3 * d + d * d + d * mlp_in + mlp * d
+    return config.n_layers * per_layer + d * config.vocab_size
 
-    Scanning keeps compile time flat in depth; ``config.scan_unroll`` > 1 unrolls that many
-    blocks per loop iteration (same parameters, so checkpoints do not change): for small models,
-    where the loop's per-iteration overhead and the lost cross-layer fusion cost more than the
-    longer compile. ``remat`` wraps each block. The returned callable
-    takes x [batch, length, embed] and optional ``lengths`` [batch] (padding mask).
+
+def forward_flops_per_token(config: GPTConfig, seq_len: int) -> int:
+    """2 FLOPs per matmul parameter, plus attention scores and values: 2 x 2 x layers x T x d.
+
+    Attention is counted over the full T x T square, which is what the XLA attention computes
+    (the causal mask is applied after the product).
     """
-    blocks = nn.scan(
-        remat_block(Block, remat),
-        variable_axes={"params": 0, FP8_COLLECTION: 0},
-        split_rngs={"params": True, "dropout": True},
-        in_axes=nn.broadcast,
-        length=config.n_layers,
-        unroll=min(config.scan_unroll, config.n_layers),
-        metadata_params={nn.PARTITION_NAME: "layers"},
-    )(config, policy, deterministic, causal, name=name)
+    return 2 * matmul_params(config) + 4 * config.n_layers * seq_len * config.d_model
 
-    def run(x: jax.Array, lengths: jax.Array | None = None) -> jax.Array:
-        return blocks(x, lengths)[0]
 
-    return run
+def train_flops_per_step(config: GPTConfig, *, batch_size: int, seq_len: int) -> int:
+    """Model FLOPs of one training step (forward + backward = 3 x forward), all devices."""
+    return 3 * batch_size * seq_len * forward_flops_per_token(config, seq_len)

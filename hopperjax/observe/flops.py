@@ -1,8 +1,9 @@
-"""Model FLOPs, device peak FLOP/s and MFU.
+"""Device peak FLOP/s and MFU arithmetic.
 
 MFU (model FLOPs utilization, PaLM appendix B) = model FLOPs per second / peak FLOP/s. Model FLOPs
 count what the model needs (forward + backward = 3 x forward matmuls, attention included), not what
-the compiled program does: remat recompute raises hardware FLOPs but not model FLOPs.
+the compiled program does: remat recompute raises hardware FLOPs but not model FLOPs. Each model
+computes its own (``models/<name>.py``), and its workload reports them per step.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-
-from hopperjax.config import ModelConfig
 
 # Dense (no structured sparsity) vendor peak TFLOP/s per device, by compute dtype.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -30,29 +29,6 @@ _KIND_PATTERNS = (
     ("H100", "H100 SXM"),
     ("A100", "A100"),
 )
-
-
-def gpt_matmul_params(config: ModelConfig) -> int:
-    """Parameters used in matmuls (the output head included, embedding lookups not)."""
-    d = config.d_model
-    mlp = config.mlp_dim or 4 * d
-    mlp_in = 2 * mlp if config.mlp == "swiglu" else mlp
-    per_layer = d * 3 * d + d * d + d * mlp_in + mlp * d
-    return config.n_layers * per_layer + d * config.vocab_size
-
-
-def gpt_forward_flops_per_token(config: ModelConfig, seq_len: int) -> int:
-    """2 FLOPs per matmul parameter, plus attention scores and values: 2 x 2 x layers x T x d.
-
-    Attention is counted over the full T x T square, which is what the XLA attention computes
-    (the causal mask is applied after the product).
-    """
-    return 2 * gpt_matmul_params(config) + 4 * config.n_layers * seq_len * config.d_model
-
-
-def gpt_train_flops_per_step(config: ModelConfig, *, batch_size: int, seq_len: int) -> int:
-    """Model FLOPs of one training step (forward + backward = 3 x forward), all devices."""
-    return 3 * batch_size * seq_len * gpt_forward_flops_per_token(config, seq_len)
 
 
 def device_peak_kind(device_kind: str) -> str | None:
@@ -93,21 +69,23 @@ class Throughput:
     """Turns a measured step time into the throughput fields of a metrics record.
 
     Attributes:
-      tokens_per_step: global tokens (or examples) one step consumes.
-      model_flops_per_step: ``gpt_train_flops_per_step`` or another model's formula.
+      examples_per_step: global examples (tokens, pairs, ...) one step consumes.
+      examples_name: what they are; the record's throughput key is ``<examples_name>_per_s``.
+      model_flops_per_step: the workload's ``model_flops_per_step``.
       num_devices: devices in the mesh.
       peak_tflops_per_device: from ``peak_tflops``.
     """
 
-    tokens_per_step: int
+    examples_per_step: int
     model_flops_per_step: float
     num_devices: int
     peak_tflops_per_device: float
+    examples_name: str = "examples"
 
     def rates(self, step_time_s: float) -> dict[str, float]:
         achieved = self.model_flops_per_step / step_time_s / self.num_devices / 1e12
         return {
-            "tokens_per_s": self.tokens_per_step / step_time_s,
+            f"{self.examples_name}_per_s": self.examples_per_step / step_time_s,
             "tflops_per_device": achieved,
             "mfu": achieved / self.peak_tflops_per_device,
         }

@@ -30,24 +30,25 @@ def _after_checkpoint(record: dict[str, Any], step: int) -> bool:
     return record["step"] > step
 
 
-_UNIT = {"tokens": "tok", "pairs": "pairs"}
-
-
-def _format_console(record: dict[str, Any], total_steps: int, examples_name: str = "tokens") -> str:
+def _format_console(
+    record: dict[str, Any], total_steps: int, examples_name: str = "examples"
+) -> str:
     step = record["step"]
     if "eval_loss" in record:
-        parts = [f"eval  {step:>6d}/{total_steps}", f"loss {record['eval_loss']:.4f}"]
+        loss = record["eval_loss"]
+        parts = [f"eval  {step:>6d}/{total_steps}", f"loss {loss:.4f}"]
         for key, value in record.items():  # the workload's own scores (accuracy, CI, rm2, ...)
-            name = key.removeprefix("eval_")
-            if key.startswith("eval_") and name not in ("loss", "mse", "pairs", "tokens"):
-                parts.append(f"{name} {value:.4f}")
+            if not key.startswith("eval_") or key == "eval_loss" or value == loss:
+                continue  # a score that is the loss under another name is shown once
+            number = f"{value:,.0f}" if float(value).is_integer() else f"{value:.4f}"  # counts
+            parts.append(f"{key.removeprefix('eval_')} {number}")
         return " | ".join(parts)
     parts = [
         f"step  {step:>6d}/{total_steps}",
         f"loss {record['loss']:.4f}",
         f"lr {record['lr']:.2e}",
         f"{record['step_time_s'] * 1e3:.1f} ms/step",
-        f"{record['tokens_per_s']:,.0f} {_UNIT.get(examples_name, examples_name)}/s",
+        f"{record[examples_name + '_per_s']:,.0f} {examples_name}/s",
     ]
     if "mfu" in record:
         parts.append(f"MFU {record['mfu']:.1%}")
@@ -67,7 +68,8 @@ class MetricsWriter:
         the resumed run logs them again.
       enabled: only one process writes.
       console: print a line per record.
-      examples_name: what the throughput counts ("tokens", "pairs"), for the console.
+      examples_name: what the throughput counts (the workload's ``examples_name``), for the
+        console.
     """
 
     def __init__(
@@ -78,7 +80,7 @@ class MetricsWriter:
         resume_step: int = 0,
         enabled: bool = True,
         console: bool = True,
-        examples_name: str = "tokens",
+        examples_name: str = "examples",
     ):
         self._enabled = enabled
         self._examples_name = examples_name

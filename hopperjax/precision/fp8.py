@@ -67,14 +67,3 @@ def fp8_dot_general_cls(policy: Policy) -> Any:
         amax_history_length: int = policy.amax_history_length
 
     return Fp8Dot
-
-
-def fp8_state(variables: dict[str, Any]) -> dict[str, Any] | None:
-    """The non-parameter variable collections an FP8 model carries, or None without FP8."""
-    state = {k: v for k, v in variables.items() if k != "params"}
-    return state or None
-
-
-def merge(params: Any, fp8: dict[str, Any] | None) -> dict[str, Any]:
-    """The variables dict ``model.apply`` takes."""
-    return {"params": params, **(fp8 or {})}

@@ -9,6 +9,7 @@ fp32 master weights are fp32). Matmuls accumulate in fp32.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 
@@ -58,22 +59,24 @@ PEAK_DTYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16", "f
 
 
 def get_policy(name: str, **overrides) -> Policy:
-    """The policy for a ``precision`` value with its defaults (FP8 on all block projections)."""
+    """The policy for a ``precision`` value with its defaults (``fp8``: FP8 on the layers named
+    by the ``fp8_layers`` override; none by default)."""
     fields = dict(_BASE[name])
-    if name == "fp8":
-        fields["fp8_layers"] = ("qkv", "attn_out", "mlp_in", "mlp_out")
     fields["loss_scaling"] = name == "fp16"
     fields.update(overrides)
     return Policy(name=name, **fields)
 
 
-def policy_from_config(config: Config) -> Policy:
-    """The policy a run uses: ``precision`` plus the ``fp8.*`` and ``loss_scale.*`` keys."""
+def policy_from_config(config: Config, *, default_fp8_layers: Sequence[str] = ()) -> Policy:
+    """The policy a run uses: ``precision`` plus the ``fp8.*`` and ``loss_scale.*`` keys.
+
+    ``default_fp8_layers``: the layers FP8 runs in when ``fp8.layers`` is null (the workload's
+    ``default_fp8_layers``).
+    """
     overrides = {}
     if config.precision == "fp8":
-        overrides["fp8_layers"] = tuple(
-            n.strip() for n in config.fp8.layers.split(",") if n.strip()
-        )
+        named = config.fp8.layer_names
+        overrides["fp8_layers"] = tuple(default_fp8_layers if named is None else named)
         overrides["fp8_backend"] = config.fp8.backend
         overrides["amax_history_length"] = config.fp8.amax_history_length
     if config.loss_scale.enabled is not None:

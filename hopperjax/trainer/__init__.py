@@ -1,17 +1,23 @@
-"""Train state, the pure steps, and the loop that drives them."""
+"""Train state, the pure steps, and the loop that drives them; nothing here names a workload."""
 
-from hopperjax.trainer.components import Components, build_components
+from hopperjax.trainer.components import (
+    Components,
+    build_components,
+    build_datasets,
+    build_model,
+)
 from hopperjax.trainer.loop import TrainResult, train
 from hopperjax.trainer.state import TrainState, create_train_state, state_shardings
-from hopperjax.trainer.step import cross_entropy, eval_step, jit_steps, train_step
+from hopperjax.trainer.step import eval_step, jit_steps, train_step
 
 __all__ = [
     "Components",
     "TrainResult",
     "TrainState",
     "build_components",
+    "build_datasets",
+    "build_model",
     "create_train_state",
-    "cross_entropy",
     "eval_step",
     "jit_steps",
     "state_shardings",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -17,16 +17,18 @@ import jax
 import optax
 from jax.sharding import Mesh, NamedSharding
 
+from hopperjax import workloads
 from hopperjax.config import Config, ConfigError
-from hopperjax.data import Datasets, build_datasets
+from hopperjax.data import Datasets, ProcessShard
 from hopperjax.memory import offload
-from hopperjax.models import build_model
 from hopperjax.observe import flops
-from hopperjax.optim import build_optimizer
+from hopperjax.optim import DEFAULT_GROUP, build_optimizer
 from hopperjax.parallel import (
+    Rules,
     batch_axis_size,
     build_mesh,
     logical_sharding,
+    merge_rules,
     process_batch_shard,
     sharding_context,
 )
@@ -34,7 +36,7 @@ from hopperjax.precision import PEAK_DTYPE, Policy, policy_from_config
 from hopperjax.precision.fp8 import check_backend
 from hopperjax.trainer.state import TrainState, create_train_state, state_shardings
 from hopperjax.trainer.step import jit_steps
-from hopperjax.workloads import Workload, get_workload
+from hopperjax.workloads.base import Workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +44,8 @@ class Components:
     """Everything the loop drives, built from a config before any step runs.
 
     Attributes:
+      workload: the run's workload, bound to ``config``.
+      rules: the logical-axis rules (ours with the workload's ``axis_rules``).
       abstract_state: the TrainState as ``jax.ShapeDtypeStruct`` leaves carrying their shardings.
       state_shardings: the NamedSharding tree of the TrainState.
       batch_sharding: the NamedSharding of every batch field (a dict like the batch).
@@ -51,6 +55,7 @@ class Components:
 
     config: Config
     mesh: Mesh
+    rules: Rules
     policy: Policy
     model: nn.Module
     tx: optax.GradientTransformation
@@ -65,7 +70,7 @@ class Components:
 
     def batch_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
         """Shape, dtype and sharding of one global batch of ``batch_size`` rows."""
-        fields = self.workload.batch_fields(self.config, batch_size, self.datasets)
+        fields = self.workload.batch_fields(batch_size, self.datasets)
         return {
             name: jax.ShapeDtypeStruct(f.shape, f.dtype, sharding=self.batch_sharding[name])
             for name, f in fields.items()
@@ -73,9 +78,7 @@ class Components:
 
     @property
     def model_flops_per_step(self) -> float:
-        return self.workload.model_flops_per_step(
-            self.config, self.config.train.batch_size, self.datasets
-        )
+        return self.workload.model_flops_per_step(self.config.train.batch_size, self.datasets)
 
     @functools.cached_property
     def _peak(self) -> tuple[float, str]:
@@ -88,7 +91,8 @@ class Components:
     def throughput(self) -> flops.Throughput:
         t = self.config.train
         return flops.Throughput(
-            tokens_per_step=t.batch_size * self.workload.examples_per_batch_row(self.config),
+            examples_per_step=self.workload.examples_per_step(t.batch_size),
+            examples_name=self.workload.examples_name,
             model_flops_per_step=self.model_flops_per_step,
             num_devices=self.mesh.size,
             peak_tflops_per_device=self._peak[0],
@@ -110,13 +114,12 @@ class Components:
         return state
 
     def _example_inputs(self) -> tuple[Any, ...]:
-        spec = self.batch_spec(self.config.train.batch_size)
-        return tuple(self.workload.model_inputs(spec))
+        return example_inputs(self.workload, self.batch_spec(self.config.train.batch_size))
 
     def _tracing(self) -> contextlib.ExitStack:
         """Mesh, rules and the policy's matmul precision in scope while tracing a step."""
         stack = contextlib.ExitStack()
-        stack.enter_context(sharding_context(self.mesh))
+        stack.enter_context(sharding_context(self.mesh, self.rules))
         stack.enter_context(jax.default_matmul_precision(self.policy.matmul_precision))
         return stack
 
@@ -146,6 +149,48 @@ def initial_loss_scale(config: Config, policy: Policy) -> float | None:
     return config.loss_scale.init_scale if policy.loss_scaling else None
 
 
+def example_inputs(workload: Workload, spec: dict[str, Any]) -> tuple[Any, ...]:
+    """Shapes of the model's inputs for a batch of ``spec`` (its fields as ShapeDtypeStructs),
+    after the workload's preprocessing: what ``model.init`` is traced with."""
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    preprocessed = jax.eval_shape(
+        lambda batch, rng: workload.preprocess(batch, rng, train=False), spec, key
+    )
+    return tuple(workload.model_inputs(preprocessed))
+
+
+def build_datasets(
+    config: Config, shard: ProcessShard | None = None, *, workload: Workload | None = None
+) -> Datasets:
+    """The run's datasets for this process (``shard`` of every global batch; default: one block
+    per process), as its workload builds them.
+
+    Raises:
+      ConfigError: a batch size that the processes cannot split, or data that cannot serve the
+        config (names the key).
+    """
+    shard = shard or ProcessShard(jax.process_index(), jax.process_count())
+    t = config.train
+    for key, size in (
+        ("train.batch_size", t.batch_size),
+        ("train.eval_batch_size", t.eval_batch_size or t.batch_size),
+    ):
+        if size % shard.count:
+            raise ConfigError(key, f"{size} is not divisible by {shard.count} processes")
+    workload = workload or workloads.from_config(config)
+    return workload.build_datasets(shard)
+
+
+def build_model(config: Config, policy: Policy | None = None) -> nn.Module:
+    """The run's model, as its workload builds it (``policy``: default the config's)."""
+    workload = workloads.from_config(config)
+    return workload.build_model(policy or _policy(config, workload), config.remat)
+
+
+def _policy(config: Config, workload: Workload) -> Policy:
+    return policy_from_config(config, default_fp8_layers=workload.default_fp8_layers)
+
+
 def build_components(config: Config, *, devices: Sequence[jax.Device] | None = None) -> Components:
     """Builds mesh, model, optimizer, datasets, shardings and jitted steps; runs nothing.
 
@@ -166,36 +211,35 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
             f"data*fsdp mesh axes ({ways})",
         )
     offload.check_host_memory(mesh.devices.flat, config.offload, config.remat)
-    workload = get_workload(config)
-    if t.microbatches > 1 and config.model.kind == "dta":
-        raise ConfigError(
-            "train.microbatches",
-            "not supported by model.kind=dta: its batches share deduplicated drug/protein tables",
-        )
+    workload = workloads.from_config(config)
+    rules = merge_rules(workload.axis_rules())
     # Processes read disjoint examples unless their devices hold the same batch rows.
-    block, blocks = process_batch_shard(logical_sharding(mesh, ("batch",)), t.batch_size)
-    datasets = build_datasets(config, process_index=block, process_count=blocks)
-    fields = workload.batch_fields(config, t.batch_size, datasets)
-    batch_sharding = {name: logical_sharding(mesh, f.axes) for name, f in fields.items()}
-    if config.model.kind == "gpt" and datasets.vocab_size > config.model.vocab_size:
-        raise ConfigError(
-            "model.vocab_size",
-            f"the data emits {datasets.vocab_size} token ids, got {config.model.vocab_size}",
-        )
-    policy = policy_from_config(config)
+    block, blocks = process_batch_shard(logical_sharding(mesh, ("batch",), rules), t.batch_size)
+    datasets = build_datasets(config, ProcessShard(block, blocks), workload=workload)
+    fields = workload.batch_fields(t.batch_size, datasets)
+    batch_sharding = {name: logical_sharding(mesh, f.axes, rules) for name, f in fields.items()}
+    policy = _policy(config, workload)
     check_backend(policy)
-    model = build_model(config.model, policy, config.remat, dta=config.dta)
+    model = workload.build_model(policy, config.remat)
     tx, schedule = build_optimizer(
-        config.optim, total_steps=t.steps, global_batch_size=t.batch_size
+        config.optim,
+        total_steps=t.steps,
+        global_batch_size=t.batch_size,
+        param_labels=_param_labels(workload),
+        group_optimizers=workload.group_optimizers,
     )
-    example = tuple(
-        workload.model_inputs(
-            {name: jax.ShapeDtypeStruct(f.shape, f.dtype) for name, f in fields.items()}
-        )
+    example = example_inputs(
+        workload, {name: jax.ShapeDtypeStruct(f.shape, f.dtype) for name, f in fields.items()}
     )
     loss_scale = initial_loss_scale(config, policy)
     abstract, shardings = state_shardings(
-        model, tx, mesh, seed=config.seed, example_inputs=example, loss_scale=loss_scale
+        model,
+        tx,
+        mesh,
+        seed=config.seed,
+        example_inputs=example,
+        loss_scale=loss_scale,
+        rules=rules,
     )
     offloaded = offload.offloaded_fields(config.offload)
     fetch = offload.make_fetch(shardings, offloaded)
@@ -218,6 +262,7 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
     return Components(
         config=config,
         mesh=mesh,
+        rules=rules,
         policy=policy,
         model=model,
         tx=tx,
@@ -230,3 +275,19 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         eval_step=eval_step,
         workload=workload,
     )
+
+
+def _param_labels(workload: Workload) -> Callable[[Any], Any] | None:
+    """optax's ``param_labels`` for the workload's groups; None when it has one optimizer."""
+    if type(workload).param_labels is Workload.param_labels:
+        return None
+
+    def labels(params: Any) -> Any:
+        # optax hands over the parameters as the state's init sees them (with logical-axis
+        # boxes); the workload labels plain arrays. A tree of labels is a prefix of the boxed
+        # tree, which is all multi_transform needs.
+        plain = nn.meta.unbox(params)
+        out = workload.param_labels(plain)
+        return jax.tree.map(lambda _: DEFAULT_GROUP, plain) if out is None else out
+
+    return labels

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import signal
 import threading
@@ -20,11 +19,11 @@ from typing import Any
 
 import jax
 import numpy as np
-import yaml
 
 from hopperjax import config as config_lib
+from hopperjax import files
 from hopperjax.checkpoint import Checkpointer
-from hopperjax.config import Config, ConfigError
+from hopperjax.config import Config
 from hopperjax.data import DevicePrefetcher, make_iterator
 from hopperjax.memory import host_heap
 from hopperjax.observe import MetricsWriter
@@ -33,15 +32,13 @@ from hopperjax.observe.gpu import GpuMonitor, device_memory_stats
 from hopperjax.observe.profile import ProfileWindow, step_annotation
 from hopperjax.parallel import process_agrees
 from hopperjax.trainer.components import Components, build_components
+from hopperjax.trainer.resume import check_resumable
 from hopperjax.trainer.state import TrainState
 
 # Steps the host may dispatch beyond the one the device is running. Unbounded run-ahead (the
 # host only syncs at log steps) can deadlock XLA:CPU, whose device threads block in a collective
 # of a later step while an earlier step's participant waits for a thread.
 _MAX_STEPS_AHEAD = 2
-
-# Keys whose change makes an existing checkpoint unusable (parameter or optimizer-state shapes).
-_STATE_SHAPING_PREFIXES = ("model.", "optim.name")
 
 
 @dataclasses.dataclass
@@ -83,62 +80,6 @@ class _PreemptionFlag:
     def __exit__(self, *exc: Any) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[prefix + key] = value
-    return flat
-
-
-def _check_resumable(config: Config, path: Path) -> None:
-    """A resumed run must build the same state shapes as the run that wrote the checkpoints."""
-    if not path.exists():
-        return
-    before = _flatten(yaml.safe_load(path.read_text()) or {})
-    now = _flatten(config_lib.to_dict(config))
-    for key, value in now.items():
-        if key.startswith(_STATE_SHAPING_PREFIXES) and before.get(key, value) != value:
-            raise ConfigError(
-                key,
-                f"changed from {before[key]!r} to {value!r}, but {path.parent} "
-                f"holds checkpoints of the old value; use a new run_dir",
-            )
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def _write_vocabulary(chars: str | None, path: Path) -> None:
-    """Saves a character-level run's vocabulary (evaluation and sampling decode with it).
-
-    Raises: ConfigError when checkpoints of another vocabulary are there (ids would mean other
-    characters), naming data.path.
-    """
-    if chars is None:
-        path.unlink(missing_ok=True)  # a byte-level run: no stale vocabulary for the sampler
-        return
-    if path.exists() and (path.parent / "checkpoints").is_dir():
-        before = json.loads(path.read_text())["chars"]
-        if before != chars and any((path.parent / "checkpoints").iterdir()):
-            raise ConfigError(
-                "data.path",
-                f"its vocabulary ({len(chars)} characters) differs from the one "
-                f"{path.parent} was trained with ({len(before)}); use a new run_dir",
-            )
-    _write_atomically(path, json.dumps({"chars": chars}))
-
-
-def _write_config(config: Config, path: Path) -> None:
-    _write_atomically(path, config_lib.dump_yaml(config))
 
 
 def _summarize(
@@ -221,11 +162,6 @@ def train(
     primary = jax.process_index() == 0
     t = config.train
     parts = build_components(config, devices=devices)
-    if primary:
-        _check_resumable(config, run_dir / "config.yaml")
-        _write_config(config, run_dir / "config.yaml")
-        _write_vocabulary(parts.datasets.info.get("vocab"), run_dir / "vocab.json")
-
     checkpointer = Checkpointer(
         run_dir / "checkpoints",
         every=t.checkpoint_every,
@@ -233,8 +169,15 @@ def train(
         async_save=t.async_checkpoint,
     )
     with _closing(checkpointer):
-        train_iterator = make_iterator(parts.datasets.train, config)
+        # Every process checks (each would otherwise wait for the others in a collective).
+        check_resumable(config, run_dir, parts.abstract_state, checkpointer)
         start = checkpointer.latest_step() or 0
+        if primary:
+            # Artifacts first: a workload that refuses the data (a vocabulary the checkpoints
+            # were not trained with) leaves the run directory as it was.
+            parts.workload.write_artifacts(parts.datasets, run_dir, resuming=start > 0)
+            files.write_text(run_dir / "config.yaml", config_lib.dump_yaml(config))
+        train_iterator = make_iterator(parts.datasets.train, config.data)
         if start:
             state, data_state = checkpointer.restore(start, parts.abstract_state)
             train_iterator.set_state(data_state)

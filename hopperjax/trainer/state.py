@@ -11,8 +11,8 @@ import optax
 from flax import struct
 from jax.sharding import Mesh
 
-from hopperjax.parallel import LOGICAL_AXIS_RULES
-from hopperjax.precision.fp8 import fp8_state
+from hopperjax.parallel import LOGICAL_AXIS_RULES, Rules
+from hopperjax.precision.fp8 import FP8_COLLECTION
 from hopperjax.precision.loss_scale import LossScaleState
 
 
@@ -27,6 +27,9 @@ class TrainState:
       rng: [2] uint32 base key; step ``s`` uses ``fold_in(rng, s)``.
       fp8: FP8 scales and amax histories (``precision/fp8.py``), or None without FP8.
       loss_scale: dynamic loss-scaling state, or None when the policy does not scale.
+      model_state: the model's other variable collections (``{collection: tree}``, e.g.
+        BatchNorm statistics), updated by the train step where the workload lists them as
+        ``mutable``; None when the model has none.
     """
 
     step: jax.Array
@@ -35,6 +38,19 @@ class TrainState:
     rng: jax.Array
     fp8: Any = None
     loss_scale: LossScaleState | None = None
+    model_state: Any = None
+
+
+def split_variables(variables: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """A model's variables -> (params, FP8 collection or None, other collections or None)."""
+    fp8 = {k: v for k, v in variables.items() if k == FP8_COLLECTION}
+    other = {k: v for k, v in variables.items() if k not in ("params", FP8_COLLECTION)}
+    return variables["params"], fp8 or None, other or None
+
+
+def model_variables(params: Any, fp8: Any, model_state: Any) -> dict[str, Any]:
+    """The variables dict ``model.apply`` takes."""
+    return {"params": params, **(fp8 or {}), **(model_state or {})}
 
 
 def _zero_inputs(example: Any) -> tuple[Any, ...]:
@@ -53,15 +69,15 @@ def _init_boxed(
     """Initializes a state whose leaves still carry logical-axis metadata (``nn.Partitioned``)."""
     root = jax.random.PRNGKey(seed)
     init_key, train_key = jax.random.split(root)
-    variables = model.init(init_key, *_zero_inputs(example_inputs))
-    params = variables["params"]
+    params, fp8, model_state = split_variables(model.init(init_key, *_zero_inputs(example_inputs)))
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         params=params,
         opt_state=tx.init(params),
         rng=train_key,
-        fp8=fp8_state(variables),
+        fp8=fp8,
         loss_scale=None if loss_scale is None else LossScaleState.create(loss_scale),
+        model_state=model_state,
     )
 
 
@@ -73,15 +89,18 @@ def state_shardings(
     seed: int,
     example_inputs: Any,
     loss_scale: float | None = None,
+    rules: Rules = LOGICAL_AXIS_RULES,
 ) -> tuple[Any, Any]:
     """Shapes before arrays: abstract state and its NamedShardings from the logical-axis rules.
+
+    ``rules``: the run's rules table (``parallel.merge_rules`` of the workload's and ours).
 
     Returns:
       (abstract state of ``jax.ShapeDtypeStruct`` with shardings attached, sharding tree).
     """
     boxed = jax.eval_shape(lambda: _init_boxed(model, tx, seed, example_inputs, loss_scale))
     logical_specs = nn.get_partition_spec(boxed)
-    shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
+    shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
     abstract = jax.tree.map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
         nn.meta.unbox(boxed),
@@ -99,6 +118,7 @@ def create_train_state(
     example_inputs: Any,
     shardings: Any = None,
     loss_scale: float | None = None,
+    rules: Rules = LOGICAL_AXIS_RULES,
 ) -> tuple[TrainState, Any]:
     """Creates the initial state already sharded: each device computes only its own shards.
 
@@ -107,13 +127,20 @@ def create_train_state(
         or a tuple of such trees for a model with several (or structured) inputs.
       shardings: the state's sharding tree if already derived (``state_shardings``).
       loss_scale: initial loss scale when the policy scales the loss, else None.
+      rules: the logical-axis rules, when ``shardings`` is not given.
 
     Returns:
       (state, sharding tree of the state).
     """
     if shardings is None:
         _, shardings = state_shardings(
-            model, tx, mesh, seed=seed, example_inputs=example_inputs, loss_scale=loss_scale
+            model,
+            tx,
+            mesh,
+            seed=seed,
+            example_inputs=example_inputs,
+            loss_scale=loss_scale,
+            rules=rules,
         )
     init = jax.jit(
         lambda: nn.meta.unbox(_init_boxed(model, tx, seed, example_inputs, loss_scale)),

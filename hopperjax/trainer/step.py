@@ -13,15 +13,25 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from hopperjax.config import LossScaleConfig
-from hopperjax.precision import fp8 as fp8_lib
 from hopperjax.precision import loss_scale as loss_scale_lib
-from hopperjax.trainer.state import TrainState
-from hopperjax.workloads import LanguageModeling, Workload
-from hopperjax.workloads import cross_entropy as cross_entropy  # re-exported for callers
+from hopperjax.trainer.state import TrainState, model_variables
+from hopperjax.workloads.base import Workload
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
 Fetch = Callable[[TrainState, str], Any]
+
+# Streams of the per-step key ``fold_in(state.rng, step)``: dropout uses the key itself (so runs
+# without preprocessing draw what they always drew); preprocessing folds in its own stream.
+PREPROCESS_STREAM = 1
+# Eval preprocessing: one fixed key per run (eval is deterministic: the same batches, the same
+# result at every evaluation).
+EVAL_STREAM = 2
+
+
+def preprocess_key(rng: jax.Array, step: jax.Array) -> jax.Array:
+    """The key ``workload.preprocess`` gets at train step ``step``."""
+    return jax.random.fold_in(jax.random.fold_in(rng, step), PREPROCESS_STREAM)
 
 
 def train_step(
@@ -31,7 +41,7 @@ def train_step(
     model: nn.Module,
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
-    workload: Workload | None = None,
+    workload: Workload,
     loss_scale: LossScaleConfig | None = None,
     microbatches: int = 1,
     fetch: Fetch | None = None,
@@ -40,9 +50,9 @@ def train_step(
 
     Args:
       state: the current train state.
-      batch: the workload's fields (language modeling: ``inputs`` and ``targets``, [batch,
-        length] int32).
-      workload: model inputs and loss (``workloads/``); None is language modeling.
+      batch: the workload's fields as they come from the host (``workload.batch_fields``).
+      workload: preprocessing, model inputs and loss; its ``mutable`` collections of
+        ``state.model_state`` are updated by the forward pass.
       loss_scale: growth settings when ``state.loss_scale`` is set (dynamic loss scaling).
       microbatches: K > 1 runs the batch as K microbatches in a loop and accumulates their fp32
         gradients into the one update (the same update, a K-th of the activation memory).
@@ -58,30 +68,37 @@ def train_step(
     step_key = jax.random.fold_in(state.rng, state.step)
     scale = state.loss_scale.scale if state.loss_scale is not None else None
     params = fetch(state, "params")
+    batch = workload.preprocess(batch, preprocess_key(state.rng, state.step), train=True)
+    mutable = list(workload.mutable)
 
-    workload = workload or LanguageModeling()
-
-    def loss_fn(params: Any, fp8: Any, batch: Batch, key: jax.Array) -> tuple[jax.Array, Any]:
-        outputs = model.apply(
-            fp8_lib.merge(params, fp8),
-            *workload.model_inputs(batch),
-            deterministic=False,
-            rngs={"dropout": key},
-        )
+    def loss_fn(
+        params: Any, fp8: Any, model_state: Any, batch: Batch, key: jax.Array
+    ) -> tuple[jax.Array, tuple[jax.Array, Any]]:
+        variables = model_variables(params, fp8, model_state)
+        inputs = workload.model_inputs(batch)
+        if mutable:
+            outputs, updates = model.apply(
+                variables, *inputs, deterministic=False, rngs={"dropout": key}, mutable=mutable
+            )
+            model_state = {**(model_state or {}), **updates}
+        else:
+            outputs = model.apply(variables, *inputs, deterministic=False, rngs={"dropout": key})
         loss = workload.loss(outputs, batch)
         # A microbatch's loss counts 1/K of the batch's, so its gradients (and the gradient
         # amaxes FP8 records) are its true share of the full-batch gradient.
         weighted = loss / microbatches if microbatches > 1 else loss
-        return (weighted * scale if scale is not None else weighted), loss
+        return (weighted * scale if scale is not None else weighted), (loss, model_state)
 
     # FP8 scales and amax histories are differentiated too: their "gradients" are their updated
     # values (Flax's overwrite-with-gradient convention), taken as is, never given to the optimizer.
     grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
     if microbatches == 1:
-        (_, loss), (grads, new_fp8) = grad_fn(params, state.fp8, batch, step_key)
+        (_, (loss, model_state)), (grads, new_fp8) = grad_fn(
+            params, state.fp8, state.model_state, batch, step_key
+        )
     else:
-        loss, grads, new_fp8 = _accumulate(
-            grad_fn, params, state.fp8, batch, step_key, microbatches
+        loss, model_state, grads, new_fp8 = _accumulate(
+            grad_fn, params, state.fp8, state.model_state, batch, step_key, microbatches
         )
     if state.loss_scale is not None:
         grads = loss_scale_lib.unscale(grads, state.loss_scale)
@@ -94,7 +111,9 @@ def train_step(
     old = old.replace(opt_state=fetch(old.replace(opt_state=opt_state), "opt_state"))
     updates, opt_state = tx.update(grads, old.opt_state, params)
     params = optax.apply_updates(params, updates)
-    new_state = old.replace(params=params, opt_state=opt_state, fp8=new_fp8)
+    new_state = old.replace(
+        params=params, opt_state=opt_state, fp8=new_fp8, model_state=model_state
+    )
     metrics = {
         "loss": loss,
         "lr": schedule(state.step),
@@ -104,7 +123,7 @@ def train_step(
     }
     if state.loss_scale is not None:
         # Non-finite gradients anywhere (a global reduction, so all devices agree): keep the old
-        # params, optimizer and FP8 state, shrink the scale. The step counter still advances.
+        # params, optimizer, FP8 and model state, shrink the scale. The step counter advances.
         finite = loss_scale_lib.all_finite(grads)
         kept = loss_scale_lib.select(finite, new_state, old)
         new_state = kept.replace(
@@ -137,34 +156,47 @@ def split_microbatches(batch: Batch, microbatches: int) -> Batch:
 
 
 def _accumulate(
-    grad_fn: Any, params: Any, fp8: Any, batch: Batch, key: jax.Array, microbatches: int
-) -> tuple[jax.Array, Any, Any]:
-    """Mean loss and gradients over K microbatches, run one after another in a scan.
+    grad_fn: Any,
+    params: Any,
+    fp8: Any,
+    model_state: Any,
+    batch: Batch,
+    key: jax.Array,
+    microbatches: int,
+) -> tuple[jax.Array, Any, Any, Any]:
+    """Mean loss, model state, gradients and FP8 meta over K microbatches, run one after another
+    in a scan.
 
     ``grad_fn`` weights each microbatch's loss by 1/K, so the summed gradients are the
     full-batch gradients. They are summed in fp32 whatever the parameter dtype. FP8 meta is
     combined with a max, not a sum: every microbatch starts from the same amax history, so the
     elementwise max of their updated histories is the history the full batch would have produced
-    (and the scales, computed from the old history, agree).
+    (and the scales, computed from the old history, agree). Model state (e.g. BatchNorm
+    statistics) threads through the microbatches in order, as K smaller steps would update it.
     """
     parts = split_microbatches(batch, microbatches)
 
-    def body(carry: tuple[Any, Any, jax.Array], xs: tuple[Batch, jax.Array]):
-        grad_sum, fp8_max, loss_sum = carry
+    def body(carry: tuple[Any, Any, Any, jax.Array], xs: tuple[Batch, jax.Array]):
+        grad_sum, fp8_max, state, loss_sum = carry
         micro, index = xs
-        (_, loss), (grads, new_fp8) = grad_fn(params, fp8, micro, jax.random.fold_in(key, index))
+        (_, (loss, state)), (grads, new_fp8) = grad_fn(
+            params, fp8, state, micro, jax.random.fold_in(key, index)
+        )
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
         fp8_max = jax.tree.map(jnp.maximum, fp8_max, new_fp8)
-        return (grad_sum, fp8_max, loss_sum + loss), None
+        return (grad_sum, fp8_max, state, loss_sum + loss), None
 
     init = (
         jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params),
         jax.tree.map(lambda x: jnp.full(x.shape, -jnp.inf, x.dtype), fp8),
+        model_state,
         jnp.zeros((), jnp.float32),
     )
-    (grad_sum, new_fp8, loss_sum), _ = jax.lax.scan(body, init, (parts, jnp.arange(microbatches)))
+    (grad_sum, new_fp8, model_state, loss_sum), _ = jax.lax.scan(
+        body, init, (parts, jnp.arange(microbatches))
+    )
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grad_sum, params)
-    return loss_sum / microbatches, grads, new_fp8
+    return loss_sum / microbatches, model_state, grads, new_fp8
 
 
 def eval_step(
@@ -172,15 +204,15 @@ def eval_step(
     batch: Batch,
     *,
     model: nn.Module,
-    workload: Workload | None = None,
+    workload: Workload,
     fetch: Fetch | None = None,
 ) -> Metrics:
-    """The workload's eval outputs of one batch (LM: loss_sum, correct, tokens)."""
-    workload = workload or LanguageModeling()
+    """The workload's eval outputs of one batch (LM: loss_sum, correct, tokens), from its
+    ``predict`` on the preprocessed batch."""
     params = fetch(state, "params") if fetch is not None else state.params
-    outputs = model.apply(
-        fp8_lib.merge(params, state.fp8), *workload.model_inputs(batch), deterministic=True
-    )
+    key = jax.random.fold_in(state.rng, EVAL_STREAM)
+    batch = workload.preprocess(batch, key, train=False)
+    outputs = workload.predict(model, model_variables(params, state.fp8, state.model_state), batch)
     return workload.eval_outputs(outputs, batch)
 
 
@@ -191,7 +223,7 @@ def jit_steps(
     schedule: optax.Schedule,
     state_shardings: Any,
     batch_sharding: Any,
-    workload: Workload | None = None,
+    workload: Workload,
     loss_scale: LossScaleConfig | None = None,
     microbatches: int = 1,
     fetch: Fetch | None = None,

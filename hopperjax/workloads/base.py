@@ -1,20 +1,37 @@
-"""What a workload adds to the generic trainer: its data, batch layout, loss and eval scores.
+"""The workload contract: everything the generic trainer, inspect and the tools know of a task.
 
-The trainer (``trainer/``) knows nothing of tokens or affinities. A workload says which fields a
-batch has and how each is laid out on the mesh, what the model is called with, which loss it
-minimizes, and how per-batch eval outputs become eval metrics.
+A workload (language modeling, drug-target affinity, ...) is the one place that knows its task.
+It brings the dataclasses of the ``model:`` and ``data:`` config groups, builds its model and
+datasets, says which fields a batch has and how each is laid out on the mesh, what the model is
+called with, which loss it minimizes, how eval outputs become eval metrics, and how many FLOPs a
+step costs. Optional hooks, with defaults that do nothing: model state updated by the step
+(``mutable``), on-device preprocessing inside the jitted step, extra logical-axis rules,
+per-group optimizers, prediction for eval and serving, and files written beside the run.
+
+Adding a workload is four files: ``configs/<name>.yaml``, ``models/<name>.py``, ``data/<name>.py``
+(or a reused source) and ``workloads/<name>.py``, whose ``WORKLOAD`` names its class (or
+``hopperjax.workloads.register(name, cls)`` from any package). ``tests/test_workload_contract.py``
+then runs it through build, train, eval, resume and inspect.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
 
+import flax.linen as nn
 import jax
 import numpy as np
+import optax
 
-from hopperjax.config import Config
+from hopperjax.config import Config, DataConfig, ModelConfig, RematConfig
+from hopperjax.data.grain_io import Datasets, ProcessShard
+from hopperjax.precision import Policy
+
+Batch = Mapping[str, jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,56 +43,143 @@ class Field:
     axes: tuple[str | None, ...]
 
 
-@dataclasses.dataclass(frozen=True)
-class Datasets:
-    """Per-process, batched datasets of one run.
+class Workload(abc.ABC):
+    """A task the generic trainer can train, bound to one run's config (``self.config``).
 
-    Attributes:
-      train: infinite, shuffled each epoch, batches of ``batch_size / process_count`` rows.
-      eval: one pass over the held-out split, unshuffled, incomplete last batch dropped.
-      vocab_size: token ids the source can emit (language models; 0 where it does not apply).
-      info: workload-specific facts the batch layout needs (e.g. distinct drugs per batch).
+    Class attributes:
+      ModelConfig, DataConfig: the dataclasses of the ``model:`` and ``data:`` groups
+        (subclasses of ``config.ModelConfig`` / ``config.DataConfig``).
+      examples_name: what throughput counts ("tokens", "pairs", "images", ...).
+      remat_names: the activations the model tags with ``checkpoint_name``, which
+        ``remat.names`` / ``remat.offload_names`` choose from.
+      fp8_layers: Dense layer names ``fp8.layers`` may list; default_fp8_layers: those FP8 runs
+        in when ``fp8.layers`` is null.
+      mutable: variable collections the model updates in training (e.g. ``("batch_stats",)``);
+        the train state carries them as ``model_state``, checkpoints them, and eval reads them.
+      smoke_overrides: ``key=value`` overrides that shrink ``workload: <name>`` with its
+        defaults to a model and data that need no file and build, train and evaluate in seconds
+        on a CPU (the contract test runs every workload with them; so can a user).
     """
 
-    train: Any
-    eval: Any
-    vocab_size: int = 0
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ModelConfig: ClassVar[type[ModelConfig]]
+    DataConfig: ClassVar[type[DataConfig]]
+    examples_name: ClassVar[str] = "examples"
+    remat_names: ClassVar[tuple[str, ...]] = ()
+    fp8_layers: ClassVar[tuple[str, ...]] = ()
+    default_fp8_layers: ClassVar[tuple[str, ...]] = ()
+    mutable: ClassVar[tuple[str, ...]] = ()
+    smoke_overrides: ClassVar[tuple[str, ...]] = ()
 
+    def __init__(self, config: Config):
+        self.config = config
 
-class Workload(Protocol):
-    """The workload interface; ``workloads.get_workload(config)`` picks one by ``model.kind``."""
+    @classmethod
+    def validate_config(cls, config: Config) -> None:
+        """Raises ``ConfigError`` naming the key for a bad ``model.*`` or ``data.*`` value, or one
+        that disagrees with another group. Pure: reads files' existence at most. Default: no
+        checks beyond the types."""
+        del config
 
-    examples_name: str  # what ``tokens_per_s`` counts: "tokens" or "pairs"
+    # ------------------------------------------------------------------------------------------
+    # Required
 
-    def build_datasets(
-        self, config: Config, *, process_index: int, process_count: int
-    ) -> Datasets: ...
+    @abc.abstractmethod
+    def build_model(self, policy: Policy, remat: RematConfig) -> nn.Module:
+        """The Flax module, called as ``model(*model_inputs(batch), deterministic=...)``. Its
+        parameter shapes depend on the config only (never on the data): a params-only restore
+        builds it without datasets."""
 
-    def batch_fields(self, config: Config, batch_size: int, datasets: Datasets) -> dict[str, Field]:
-        """Every field of a global batch of ``batch_size`` examples."""
-        ...
+    @abc.abstractmethod
+    def build_datasets(self, shard: ProcessShard) -> Datasets:
+        """This process's train and eval datasets (``shard`` of every global batch).
 
-    def model_inputs(self, batch: dict[str, jax.Array]) -> Sequence[Any]:
-        """The model's positional arguments."""
-        ...
+        Raises ``ConfigError`` naming the key when the data cannot serve the config."""
 
-    def loss(self, outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
+    @abc.abstractmethod
+    def batch_fields(self, batch_size: int, datasets: Datasets | None) -> dict[str, Field]:
+        """Every field of a global batch of ``batch_size`` examples, as it arrives from the host.
+
+        ``datasets`` None: a layout good for building the model (restore, export), whose field
+        shapes may differ from a run's but give the same parameter shapes."""
+
+    @abc.abstractmethod
+    def model_inputs(self, batch: Batch) -> tuple[Any, ...]:
+        """The model's positional arguments, from a (preprocessed) batch."""
+
+    @abc.abstractmethod
+    def loss(self, outputs: Any, batch: Batch) -> jax.Array:
         """Mean loss of one batch (fp32 scalar), the quantity the optimizer minimizes."""
-        ...
 
-    def eval_outputs(self, outputs: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    @abc.abstractmethod
+    def eval_outputs(self, outputs: Any, batch: Batch) -> dict[str, jax.Array]:
         """What the eval step returns per batch (sums, or per-example predictions)."""
-        ...
 
+    @abc.abstractmethod
     def summarize(self, outputs: list[dict[str, np.ndarray]]) -> dict[str, float]:
-        """Eval metrics (``eval_`` prefixed) from every eval batch's outputs."""
-        ...
+        """Eval metrics, ``eval_`` prefixed (one of them ``eval_loss``), from every eval batch's
+        outputs."""
 
-    def examples_per_batch_row(self, config: Config) -> int:
-        """Examples one batch row holds (tokens per sequence, or 1)."""
-        ...
+    @abc.abstractmethod
+    def model_flops_per_step(self, batch_size: int, datasets: Datasets | None) -> float:
+        """Analytic model FLOPs of one training step over all devices (3 x forward: no remat
+        recompute), from the model's own formula (``models/<name>.py``)."""
 
-    def model_flops_per_step(self, config: Config, batch_size: int, datasets: Datasets) -> float:
-        """Model FLOPs of one training step over all devices (3 x forward)."""
-        ...
+    @abc.abstractmethod
+    def examples_per_step(self, batch_size: int) -> int:
+        """Examples (``examples_name``) one step of ``batch_size`` consumes."""
+
+    # ------------------------------------------------------------------------------------------
+    # Optional, with defaults that change nothing
+
+    def preprocess(self, batch: Batch, rng: jax.Array, *, train: bool) -> Batch:
+        """On-device preprocessing (augmentation, normalization, dtype conversion), run inside
+        the jitted step on the whole global batch. ``rng`` is a per-step key of its own stream
+        (the dropout stream is not touched). Default: the batch unchanged."""
+        del rng, train
+        return batch
+
+    def axis_rules(self) -> Sequence[tuple[str, Any]]:
+        """Extra logical-axis rules (e.g. ``("table_rows", "tensor")``); they take precedence
+        over the defaults in ``parallel/rules.py`` for the names they give."""
+        return ()
+
+    def param_labels(self, params: Any) -> Any | None:
+        """A label per parameter leaf (same tree) for per-group optimizers
+        (``optax.multi_transform``); None: one optimizer for every parameter. Leaves labelled
+        ``"default"`` get the configured ``optim.*``; every other label needs an entry in
+        ``group_optimizers``."""
+        del params
+        return None
+
+    def group_optimizers(self, schedule: optax.Schedule) -> dict[str, optax.GradientTransformation]:
+        """The optimizer of each non-default label of ``param_labels`` (``schedule``: the
+        configured learning rate schedule). Gradient clipping (``optim.clip_norm``) applies to
+        all groups together, before them."""
+        del schedule
+        return {}
+
+    def predict(self, model: nn.Module, variables: dict[str, Any], batch: Batch) -> Any:
+        """The model's outputs in inference mode; eval, export and serving all call this."""
+        return model.apply(variables, *self.model_inputs(batch), deterministic=True)
+
+    def write_artifacts(self, datasets: Datasets, run_dir: Path, *, resuming: bool) -> None:
+        """Files a run needs beside its checkpoints (a vocabulary, a tokenizer model), written
+        by process 0 before training. ``resuming``: the run directory holds checkpoints; raise
+        ``ConfigError`` if the data no longer matches what they were trained on."""
+        del datasets, run_dir, resuming
+
+    def advice(self) -> list[str]:
+        """Config-level suggestions for ``hopperjax.inspect`` (e.g. pad a vocabulary)."""
+        return []
+
+
+def path_labels(params: Any, label_of: Callable[[tuple[str, ...]], str]) -> Any:
+    """A ``param_labels`` helper: ``label_of(path)`` for every leaf, path as dict keys."""
+
+    def label(path: tuple[Any, ...], _: Any) -> str:
+        return label_of(tuple(str(getattr(p, "key", p)) for p in path))
+
+    return jax.tree_util.tree_map_with_path(label, params)
+
+
+__all__ = ["Batch", "Datasets", "Field", "ProcessShard", "Workload", "path_labels"]

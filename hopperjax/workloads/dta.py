@@ -11,20 +11,80 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hopperjax import config as config_lib
 from hopperjax import scoring
-from hopperjax.config import Config, ConfigError, DtaConfig
+from hopperjax.config import Config, ConfigError, RematConfig
 from hopperjax.data import dta_batches, dta_shards, molecules
-from hopperjax.workloads.base import Datasets, Field
+from hopperjax.models import dta as dta_model
+from hopperjax.models.transformer import BLOCK_ACTIVATIONS, BLOCK_DENSE_LAYERS
+from hopperjax.precision import Policy
+from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload
 
 TABLE_ROW_MULTIPLE = 8  # distinct-row tables are padded to this, so they shard over the devices
+
+
+@dataclasses.dataclass(frozen=True)
+class AffinityData(config_lib.DataConfig):
+    """The ``data:`` group of drug-target affinity.
+
+    ``source``: ``deepdta`` (a DeepDTA directory: JSON ligands and proteins, the affinity matrix
+    ``Y``, ``folds/``), ``csv`` (a CSV/TSV file with columns smiles, sequence, affinity),
+    ``synthetic`` (generated pairs with a hidden structure, for scale tests) or ``shards`` (a
+    directory of ArrayRecord shards written by ``tools/convert_dta.py`` from any of these; read
+    by grain, with ``workers`` processes). ``valid_fold``: the DeepDTA training fold held out for
+    eval when ``eval_split`` is ``valid``; ``eval_split: test`` evaluates on the test fold
+    instead (report, never select, on it). Without folds, ``eval_fraction`` of the pairs, drawn
+    with the run's seed, is held out. ``group_by: protein`` (or ``drug``) orders each epoch group
+    by group, in random order, so a batch holds the pairs of a few proteins and the model encodes
+    a few instead of hundreds. ``deduplicate``: encode each distinct drug and protein of a batch
+    once and gather per pair (same predictions, far fewer FLOPs).
+    """
+
+    source: Literal["deepdta", "csv", "synthetic", "shards"] = "deepdta"
+    path: str | None = None
+    drug_max_len: int = 85
+    protein_max_len: int = 1200
+    pkd: bool = True
+    unknown_chars: Literal["error", "skip", "unk"] = "error"
+    bad_records: Literal["error", "skip"] = "error"
+    valid_fold: int = 0
+    eval_split: Literal["valid", "test"] = "valid"
+    eval_fraction: float = 0.1
+    group_by: Literal["none", "protein", "drug"] = "none"
+    deduplicate: bool = True
+    synthetic_pairs: int = 100_000
+    synthetic_drugs: int = 2_000
+    synthetic_proteins: int = 500
+
+
+@dataclasses.dataclass(frozen=True)
+class PairMeta:
+    """What the batches of a run hold.
+
+    Attributes:
+      drugs, proteins: distinct molecules in the data.
+      table_rows: per global batch size, rows of the (global) distinct-drug and distinct-protein
+        tables every batch of that size carries.
+      train_pairs, eval_pairs: pairs in each split (eval: without the padding copies).
+      skipped: records the loader skipped (``bad_records: skip``).
+      process_count: row blocks a global batch is read in.
+    """
+
+    drugs: int
+    proteins: int
+    table_rows: dict[int, tuple[int, int]]
+    train_pairs: int
+    eval_pairs: int
+    skipped: int
+    process_count: int
 
 
 def load_table(config: Config) -> molecules.DtaTable:
@@ -33,7 +93,7 @@ def load_table(config: Config) -> molecules.DtaTable:
     try:
         if d.source == "deepdta":
             return molecules.load_deepdta(d.path, pkd=d.pkd, bad_records=d.bad_records)
-        if d.source == "dta_csv":
+        if d.source == "csv":
             return molecules.load_dta_csv(d.path, pkd=d.pkd, bad_records=d.bad_records)
         return molecules.synthetic_dta(
             num_drugs=d.synthetic_drugs,
@@ -86,7 +146,7 @@ def load_pairs(config: Config) -> PairData:
     """The run's pairs: a table in memory (DeepDTA, CSV, synthetic) or ArrayRecord shards."""
     d = config.data
     try:
-        if d.source == "dta_shards":
+        if d.source == "shards":
             shards = dta_shards.read_shards(d.path)
             for key in ("drug_max_len", "protein_max_len"):
                 if getattr(shards, key) != getattr(d, key):
@@ -107,10 +167,7 @@ def load_pairs(config: Config) -> PairData:
                 shards.source,
                 shards.skipped,
             )
-        drug_tok = molecules.Tokenizer(molecules.SMILES_CHARSET, d.drug_max_len, d.unknown_chars)
-        protein_tok = molecules.Tokenizer(
-            molecules.PROTEIN_CHARSET, d.protein_max_len, d.unknown_chars
-        )
+        drug_tok, protein_tok = tokenizers(d)
         drug_tokens, protein_tokens, table = molecules.tokenize_table(
             load_table(config), drug_tok, protein_tok
         )
@@ -131,9 +188,17 @@ def load_pairs(config: Config) -> PairData:
     )
 
 
-def table_rows(local_batch: int, distinct: int, dta: DtaConfig) -> int:
+def tokenizers(data: AffinityData) -> tuple[molecules.Tokenizer, molecules.Tokenizer]:
+    """The (drug, protein) tokenizers the data config asks for."""
+    return (
+        molecules.Tokenizer(molecules.SMILES_CHARSET, data.drug_max_len, data.unknown_chars),
+        molecules.Tokenizer(molecules.PROTEIN_CHARSET, data.protein_max_len, data.unknown_chars),
+    )
+
+
+def table_rows(local_batch: int, distinct: int, deduplicate: bool) -> int:
     """Rows of a per-process distinct-drug (or protein) table for ``local_batch`` pairs."""
-    rows = min(local_batch, distinct) if dta.deduplicate else local_batch
+    rows = min(local_batch, distinct) if deduplicate else local_batch
     return -(-rows // TABLE_ROW_MULTIPLE) * TABLE_ROW_MULTIPLE
 
 
@@ -178,11 +243,79 @@ def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
     return np.concatenate([x, np.zeros((rows - len(x), *x.shape[1:]), x.dtype)])
 
 
-class AffinityRegression:
+class AffinityRegression(Workload):
+    ModelConfig = dta_model.DTAConfig
+    DataConfig = AffinityData
     examples_name = "pairs"
+    remat_names = BLOCK_ACTIVATIONS  # the transformer encoders' blocks
+    fp8_layers = BLOCK_DENSE_LAYERS
+    default_fp8_layers = BLOCK_DENSE_LAYERS
+    smoke_overrides = (
+        "model.embed_dim=8",
+        "model.filters=4",
+        "model.head_dims=32,16",
+        "data.source=synthetic",
+        "data.path=null",
+        "data.synthetic_drugs=8",
+        "data.synthetic_proteins=8",
+        "data.synthetic_pairs=400",
+        "train.batch_size=32",
+    )
 
-    def build_datasets(self, config: Config, *, process_index: int, process_count: int) -> Datasets:
+    @classmethod
+    def validate_config(cls, config: Config) -> None:
+        d = config.data
+        config.model.validate()
+        if d.source == "csv":
+            if not d.path:
+                raise ConfigError("data.path", f"required when data.source is '{d.source}'")
+            if not Path(d.path).is_file():
+                raise ConfigError("data.path", f"file not found: {d.path}")
+        elif d.source in ("deepdta", "shards"):
+            what = "a DeepDTA" if d.source == "deepdta" else "a shard"
+            if not d.path:
+                raise ConfigError("data.path", f"required when data.source is '{d.source}'")
+            if not Path(d.path).is_dir():
+                raise ConfigError("data.path", f"not {what} directory: {d.path}")
+        elif d.path:
+            raise ConfigError("data.path", f"not used by data.source '{d.source}'")
+        for key in ("drug_max_len", "protein_max_len", "synthetic_pairs", "synthetic_drugs"):
+            config_lib.positive(f"data.{key}", getattr(d, key))
+        config_lib.positive("data.synthetic_proteins", d.synthetic_proteins)
+        if not 0 <= d.valid_fold < 5:
+            raise ConfigError(
+                "data.valid_fold", f"expected a DeepDTA fold 0..4, got {d.valid_fold}"
+            )
+        if not 0.0 < d.eval_fraction < 1.0:
+            raise ConfigError(
+                "data.eval_fraction", f"expected 0 < fraction < 1, got {d.eval_fraction}"
+            )
+        if d.group_by != "none" and d.source == "shards":
+            raise ConfigError(
+                "data.group_by",
+                "needs a pair table in memory (deepdta, csv, synthetic), not shards",
+            )
+        if config.train.microbatches > 1:
+            raise ConfigError(
+                "train.microbatches",
+                "not supported by the dta workload: its batches share deduplicated drug/protein "
+                "tables",
+            )
+
+    def build_model(self, policy: Policy, remat: RematConfig) -> dta_model.DTA:
+        drug, protein = tokenizers(self.config.data)
+        return dta_model.DTA(
+            config=self.config.model,
+            policy=policy,
+            remat=remat,
+            drug_vocab=drug.vocab_size,
+            protein_vocab=protein.vocab_size,
+        )
+
+    def build_datasets(self, shard: ProcessShard) -> Datasets[PairMeta]:
+        config = self.config
         t, d = config.train, config.data
+        index, count = shard.index, shard.count
         data = load_pairs(config)
         train_idx, eval_idx = split_pairs(data.folds, len(data.pairs), config)
         eval_batch = t.eval_batch_size or t.batch_size
@@ -193,10 +326,6 @@ class AffinityRegression:
         group_of = None
         if d.group_by != "none":
             group_of = data.drug_index if d.group_by == "drug" else data.protein_index
-            if group_of is None:
-                raise ConfigError(
-                    "data.group_by", f"needs the pair table; data.source {d.source} has none"
-                )
             eval_idx = eval_idx[np.argsort(group_of[eval_idx], kind="stable")]
         # Pad the eval split to whole global batches with weight-0 copies: every pair is scored.
         padded = -(-len(eval_idx) // eval_batch) * eval_batch
@@ -214,11 +343,11 @@ class AffinityRegression:
 
         rows: dict[int, tuple[int, int]] = {}
         for indices, batch in ((train_idx, t.batch_size), (eval_idx, eval_batch)):
-            local = batch // process_count
+            local = shard.rows(batch)
             bound = distinct(indices, batch)
             new = (
-                table_rows(local, bound["drug"], config.dta),
-                table_rows(local, bound["protein"], config.dta),
+                table_rows(local, bound["drug"], d.deduplicate),
+                table_rows(local, bound["protein"], d.deduplicate),
             )
             rows[batch] = tuple(max(x) for x in zip(rows.get(batch, new), new, strict=True))
 
@@ -228,12 +357,12 @@ class AffinityRegression:
                 to_model_batch,
                 drug_rows=drug_rows,
                 protein_rows=protein_rows,
-                block=process_index,
-                dedup=config.dta.deduplicate,
+                block=index,
+                dedup=d.deduplicate,
                 tokens=data.tokens,
             )
-            local = batch // process_count
-            order = order[process_index::process_count]
+            local = shard.rows(batch)
+            order = order[index::count]
             if source.vectorized:  # pairs in memory: batch the positions, gather once
                 return order.batch(local, drop_remainder=True).map(source.take).map(convert)
             return order.map(source.__getitem__).batch(local, drop_remainder=True).map(convert)
@@ -250,33 +379,29 @@ class AffinityRegression:
         train_ds = batches(order, train_pairs, t.batch_size)
         eval_pairs = dta_batches.PairSubset(data.pairs, eval_idx, eval_weights)
         eval_ds = batches(grain.MapDataset.range(len(eval_idx)), eval_pairs, eval_batch)
-        return Datasets(
-            train=train_ds,
-            eval=eval_ds,
-            info={
-                "drugs": data.drugs,
-                "proteins": data.proteins,
-                "table_rows": {
-                    b: (process_count * r[0], process_count * r[1]) for b, r in rows.items()
-                },
-                "train_pairs": len(train_idx),
-                "eval_pairs": int(eval_weights.sum()),
-                "skipped": data.skipped,
-                "process_count": process_count,
-            },
+        meta = PairMeta(
+            drugs=data.drugs,
+            proteins=data.proteins,
+            table_rows={b: (count * r[0], count * r[1]) for b, r in rows.items()},
+            train_pairs=len(train_idx),
+            eval_pairs=int(eval_weights.sum()),
+            skipped=data.skipped,
+            process_count=count,
         )
+        return Datasets(train=train_ds, eval=eval_ds, meta=meta)
 
-    def batch_fields(self, config: Config, batch_size: int, datasets: Datasets) -> dict[str, Field]:
-        info, d = datasets.info, config.data
-        processes = info.get("process_count", 1)
-        local = batch_size // processes
-        drug_rows, protein_rows = info.get("table_rows", {}).get(
-            batch_size,
-            (
-                processes * table_rows(local, info.get("drugs", local), config.dta),
-                processes * table_rows(local, info.get("proteins", local), config.dta),
-            ),
-        )
+    def batch_fields(self, batch_size: int, datasets: Datasets | None) -> dict[str, Field]:
+        d = self.config.data
+        meta: PairMeta | None = datasets.meta if datasets is not None else None
+        if meta is not None and batch_size in meta.table_rows:
+            drug_rows, protein_rows = meta.table_rows[batch_size]
+        else:  # other batch sizes (and no data): as many rows as pairs, or molecules if fewer
+            processes = meta.process_count if meta is not None else 1
+            local = batch_size // processes
+            drugs = meta.drugs if meta is not None else local
+            proteins = meta.proteins if meta is not None else local
+            drug_rows = processes * table_rows(local, drugs, d.deduplicate)
+            protein_rows = processes * table_rows(local, proteins, d.deduplicate)
         pairs = (batch_size,)
         return {
             "drug_tokens": Field((drug_rows, d.drug_max_len), jnp.int32, ("batch", None)),
@@ -287,15 +412,15 @@ class AffinityRegression:
             "weight": Field(pairs, jnp.float32, ("batch",)),
         }
 
-    def model_inputs(self, batch: dict[str, jax.Array]) -> tuple[Any, ...]:
+    def model_inputs(self, batch: Any) -> tuple[Any, ...]:
         return ({k: batch[k] for k in ("drug_tokens", "protein_tokens", "drug_index",
                                        "protein_index")},)  # fmt: skip
 
-    def loss(self, outputs: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
+    def loss(self, outputs: jax.Array, batch: Any) -> jax.Array:
         w = batch["weight"]
         return (w * (outputs - batch["affinity"]) ** 2).sum() / jnp.maximum(w.sum(), 1.0)
 
-    def eval_outputs(self, outputs: jax.Array, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    def eval_outputs(self, outputs: jax.Array, batch: Any) -> dict[str, jax.Array]:
         return {"prediction": outputs, "affinity": batch["affinity"], "weight": batch["weight"]}
 
     def summarize(self, outputs: list[dict[str, np.ndarray]]) -> dict[str, float]:
@@ -308,44 +433,19 @@ class AffinityRegression:
             "eval_pairs": float(keep.sum()),
         }
 
-    def examples_per_batch_row(self, config: Config) -> int:
-        return 1
-
-    def model_flops_per_step(self, config: Config, batch_size: int, datasets: Datasets) -> float:
-        fields = self.batch_fields(config, batch_size, datasets)
-        drugs = fields["drug_tokens"].shape[0]
-        proteins = fields["protein_tokens"].shape[0]
-        forward = (
-            drugs * encoder_flops(config.dta, "drug", config.data.drug_max_len)
-            + proteins * encoder_flops(config.dta, "protein", config.data.protein_max_len)
-            + batch_size * head_flops(config.dta)
+    def model_flops_per_step(self, batch_size: int, datasets: Datasets | None) -> float:
+        fields = self.batch_fields(batch_size, datasets)
+        return dta_model.train_flops_per_step(
+            self.config.model,
+            drugs=fields["drug_tokens"].shape[0],
+            proteins=fields["protein_tokens"].shape[0],
+            pairs=batch_size,
+            drug_len=self.config.data.drug_max_len,
+            protein_len=self.config.data.protein_max_len,
         )
-        return 3.0 * forward
+
+    def examples_per_step(self, batch_size: int) -> int:
+        return batch_size
 
 
-def encoder_flops(dta: DtaConfig, which: str, length: int) -> float:
-    """Forward FLOPs of encoding one sequence (multiply-adds x 2; embeddings are lookups)."""
-    kind = dta.drug_encoder if which == "drug" else dta.protein_encoder
-    if kind == "transformer":
-        d = dta.d_model
-        # qkv 3d^2, out d^2, MLP 8d^2 per token per layer; scores and values 2Ld per token.
-        return 2.0 * dta.layers * length * (12 * d * d + 2 * length * d)
-    kernel = dta.drug_kernel if which == "drug" else dta.protein_kernel
-    pool = 1 if which == "drug" else dta.protein_pool
-    total, channels, size = 0.0, dta.embed_dim, length
-    for i, width in enumerate((1, 2, 3)):
-        out = dta.filters * width
-        size = size - kernel + 1
-        total += 2.0 * size * kernel * channels * out
-        channels = out
-        if pool > 1 and i < 2:
-            size //= pool
-    return total
-
-
-def head_flops(dta: DtaConfig) -> float:
-    def width(kind: str) -> int:
-        return dta.d_model if kind == "transformer" else 3 * dta.filters
-
-    sizes = [width(dta.drug_encoder) + width(dta.protein_encoder), *dta.head_sizes, 1]
-    return 2.0 * sum(a * b for a, b in itertools.pairwise(sizes))
+WORKLOAD = AffinityRegression

@@ -1,0 +1,72 @@
+"""Generic grain plumbing: what a workload's data sources become, and the iterator over them.
+
+A workload composes its sources (``text``, ``molecules``, ...) into grain ``MapDataset``s of
+batches: source -> this process's shard -> shuffle -> repeat -> map -> batch. Each process reads
+only its own slice of the examples and batches ``global_batch / processes`` rows;
+``DevicePrefetcher`` then assembles the global, sharded ``jax.Array`` on the mesh. Nothing here
+knows a workload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Generic, TypeVar
+
+import grain
+from absl import flags
+
+from hopperjax.config import DataConfig
+
+Meta = TypeVar("Meta")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessShard:
+    """Which block of every global batch this process reads: ``index`` of ``count`` blocks.
+
+    Processes whose devices hold the same batch rows (a tensor-parallel group spanning
+    processes) share a block and read the same examples (``parallel.process_batch_shard``).
+    """
+
+    index: int = 0
+    count: int = 1
+
+    def rows(self, global_batch: int) -> int:
+        """This process's rows of a global batch of ``global_batch``."""
+        return global_batch // self.count
+
+
+@dataclasses.dataclass(frozen=True)
+class Datasets(Generic[Meta]):
+    """Per-process, batched datasets of one run, and what the workload knows about them.
+
+    Attributes:
+      train: infinite, shuffled each epoch, batches of ``batch_size / process count`` rows.
+      eval: one pass over the held-out split, unshuffled, whole global batches only.
+      meta: the workload's own typed facts about the data (a frozen dataclass: vocabulary,
+        distinct molecules per batch, ...), read by its ``batch_fields`` and ``write_artifacts``.
+    """
+
+    train: Any
+    eval: Any
+    meta: Meta
+
+
+def make_iterator(dataset: grain.MapDataset, data: DataConfig) -> grain.DatasetIterator:
+    """An iterator over ``dataset``, with ``data.workers`` worker processes when > 0, each reading
+    ``data.read_buffer`` batches ahead with ``data.read_threads`` threads."""
+    ds = dataset.to_iter_dataset(
+        grain.ReadOptions(num_threads=data.read_threads, prefetch_buffer_size=data.read_buffer)
+    )
+    if data.workers > 0:
+        # Known compromise: grain 0.2.18's worker start-up reads an absl flag and raises unless
+        # absl has parsed the command line (google/grain#1355). We parse nothing with absl, so
+        # declaring its (empty) flags parsed is harmless; remove once a fixed grain is released.
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        ds = ds.mp_prefetch(
+            grain.MultiprocessingOptions(
+                num_workers=data.workers, per_worker_buffer_size=data.worker_buffer_size
+            )
+        )
+    return iter(ds)

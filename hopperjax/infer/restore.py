@@ -1,0 +1,111 @@
+"""A run's model and trained variables, restored without its optimizer state or its data.
+
+Sampling, export and serving need the parameters (and the model's other variables: FP8 scales,
+BatchNorm statistics), not the optimizer state that doubles or triples a checkpoint, nor a
+dataset. The model is rebuilt from the run's ``config.yaml``, its variables' shapes come from
+``jax.eval_shape`` of its init, and only those arrays are read from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import jax
+from jax.sharding import Mesh, SingleDeviceSharding
+
+from hopperjax import workloads
+from hopperjax.checkpoint import Checkpointer
+from hopperjax.config import Config, ConfigError, load_config
+from hopperjax.parallel import merge_rules
+from hopperjax.precision import policy_from_config
+from hopperjax.trainer.components import example_inputs
+from hopperjax.trainer.state import model_variables, split_variables
+from hopperjax.workloads.base import Workload
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """A trained model, ready for ``workload.predict(model, variables, batch)``.
+
+    Attributes:
+      variables: ``{"params": ..., <other collections>}`` as ``model.apply`` takes them.
+      step: the checkpoint's step.
+    """
+
+    config: Config
+    workload: Workload
+    model: nn.Module
+    variables: dict[str, Any]
+    step: int
+
+    @property
+    def params(self) -> Any:
+        return self.variables["params"]
+
+
+def restore_params(
+    run_dir: str | Path, step: int | None = None, *, mesh: Mesh | None = None
+) -> Restored:
+    """The model of ``run_dir`` and its variables at checkpoint ``step`` (default: the newest).
+
+    Args:
+      run_dir: a hopperjax run directory (``config.yaml`` and ``checkpoints/``).
+      step: which checkpoint; None: the newest.
+      mesh: lay the variables out over this mesh by the run's logical-axis rules; None: all on
+        the first device.
+
+    Raises:
+      ConfigError: not a run directory, no such checkpoint (names ``--run-dir`` or ``--step``).
+    """
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError("--run-dir", f"{run_dir} has no config.yaml: not a hopperjax run")
+    # Its own config: validated when the run was made; its data files need not be here.
+    config = load_config(run_dir / "config.yaml", validate_values=False)
+    workload = workloads.from_config(config)
+    policy = policy_from_config(config, default_fp8_layers=workload.default_fp8_layers)
+    model = workload.build_model(policy, config.remat)
+    fields = workload.batch_fields(config.train.batch_size, None)
+    spec = {name: jax.ShapeDtypeStruct(f.shape, f.dtype) for name, f in fields.items()}
+    inputs = example_inputs(workload, spec)
+    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), *_zeros(inputs)))
+    if mesh is not None:
+        shardings = nn.logical_to_mesh_sharding(
+            nn.get_partition_spec(boxed), mesh, merge_rules(workload.axis_rules())
+        )
+    else:
+        shardings = jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), boxed)
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        nn.meta.unbox(boxed),
+        nn.meta.unbox(shardings),
+    )
+    params, fp8, model_state = split_variables(abstract)
+    wanted = {"params": params, "fp8": fp8, "model_state": model_state}
+    wanted = {k: v for k, v in wanted.items() if v is not None}
+
+    checkpointer = Checkpointer(run_dir / "checkpoints", every=1, keep=1, async_save=False)
+    try:
+        steps = checkpointer.all_steps()
+        if not steps:
+            raise ConfigError("--run-dir", f"{run_dir / 'checkpoints'} holds no checkpoint")
+        if step is None:
+            step = max(steps)
+        elif step not in steps:
+            raise ConfigError(
+                "--step", f"no checkpoint of step {step} in {run_dir} (there are {sorted(steps)})"
+            )
+        restored = checkpointer.restore_subtrees(step, wanted)
+    finally:
+        checkpointer.close()
+    variables = model_variables(
+        restored["params"], restored.get("fp8"), restored.get("model_state")
+    )
+    return Restored(config, workload, model, variables, step)
+
+
+def _zeros(example: tuple[Any, ...]) -> tuple[Any, ...]:
+    return jax.tree.map(lambda x: jax.numpy.zeros(x.shape, x.dtype), example)

@@ -1,0 +1,121 @@
+"""Whether a run directory's checkpoints can be resumed with the config at hand.
+
+A checkpoint restores into the state the config builds, so a change that alters the state's
+structure (a model size, the optimizer, the precision's FP8 or loss-scale state, gradient
+clipping's optimizer slot, ...) cannot resume. Two checks, both before any array is read:
+
+- keys that define the run refuse any change: ``workload``, every ``model.*`` key, ``optim.name``;
+- every other change is allowed unless the state it builds differs from the checkpoint's saved
+  structure (paths, shapes, dtypes from the checkpoint's metadata); the error then names the keys
+  that changed since the checkpoints were written, and the first array that differs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import yaml
+
+from hopperjax import config as config_lib
+from hopperjax.checkpoint import Checkpointer
+from hopperjax.config import Config, ConfigError
+
+# Keys whose change is refused whatever it does to the state: they define what is trained.
+RUN_DEFINING_PREFIXES = ("workload", "model.", "optim.name")
+# Keys that can change the state's structure besides those: named first when it does not fit.
+STATE_SHAPING_PREFIXES = ("precision", "loss_scale.", "fp8.", "optim.", "offload.", "remat.")
+# Keys that never shape the state.
+_NAMING_KEYS = ("name", "run_dir")
+_MISSING = "(absent)"
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict -> ``{"dotted.key": value}``."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def state_leaves(abstract_state: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """``{dotted path: (shape, dtype name)}`` of a (possibly abstract) state, named as orbax
+    names the arrays of a checkpoint."""
+
+    def name(path: tuple[Any, ...]) -> str:
+        keys = []
+        for k in path:
+            for attr in ("key", "name", "idx"):
+                if hasattr(k, attr):
+                    keys.append(str(getattr(k, attr)))
+                    break
+            else:
+                keys.append(str(k))
+        return ".".join(keys)
+
+    leaves, _ = jax.tree_util.tree_flatten_with_path(abstract_state)
+    return {name(path): (tuple(x.shape), str(x.dtype)) for path, x in leaves}
+
+
+def first_difference(
+    saved: dict[str, tuple[tuple[int, ...], str]], built: dict[str, tuple[tuple[int, ...], str]]
+) -> str | None:
+    """The first array where two states differ, described; None when they agree."""
+    for name in sorted(set(saved) | set(built)):
+        if name not in built:
+            return f"the checkpoints hold {name}, which this config's state has not"
+        if name not in saved:
+            return f"this config's state has {name}, which the checkpoints have not"
+        if saved[name] != built[name]:
+            (s_shape, s_dtype), (b_shape, b_dtype) = saved[name], built[name]
+            return (
+                f"{name} is {b_dtype}{list(b_shape)} here and {s_dtype}{list(s_shape)} in "
+                f"the checkpoints"
+            )
+    return None
+
+
+def check_resumable(
+    config: Config, run_dir: Path, abstract_state: Any, checkpointer: Checkpointer
+) -> None:
+    """Raises ConfigError (naming the key) if ``config`` cannot resume ``run_dir``'s newest
+    checkpoint; does nothing for a run directory without checkpoints."""
+    step = checkpointer.latest_step()
+    if step is None:
+        return
+    saved_config = run_dir / "config.yaml"
+    now = flatten(config_lib.to_dict(config))
+    changed: dict[str, tuple[Any, Any]] = {}
+    if saved_config.is_file():
+        before = flatten(yaml.safe_load(saved_config.read_text()) or {})
+        for key in sorted(set(before) | set(now)):
+            old, new = before.get(key, _MISSING), now.get(key, _MISSING)
+            if old != new:
+                changed[key] = (old, new)
+    for key, (old, new) in changed.items():
+        if key.startswith(RUN_DEFINING_PREFIXES):
+            raise ConfigError(
+                key,
+                f"changed from {old!r} to {new!r}, but {run_dir} holds checkpoints of the old "
+                f"value; use a new run_dir",
+            )
+    difference = first_difference(checkpointer.state_leaves(step), state_leaves(abstract_state))
+    if difference is None:
+        return
+    suspects = sorted(
+        (k for k in changed if k not in _NAMING_KEYS),
+        key=lambda k: not k.startswith(STATE_SHAPING_PREFIXES),
+    )
+    what = ", ".join(f"{k} ({changed[k][0]!r} -> {changed[k][1]!r})" for k in suspects)
+    key = suspects[0] if suspects else "run_dir"
+    raise ConfigError(
+        key,
+        f"the train state this config builds does not fit the checkpoints in {run_dir} "
+        f"(step {step}): {difference}; changed since they were written: {what or 'nothing'}; "
+        f"use a new run_dir",
+        name_key=False,
+    )
