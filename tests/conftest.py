@@ -2,8 +2,12 @@
 
 import os
 
+# LLVM optimization level 1 instead of XLA:CPU's default: the suite's time is mostly compiling
+# tiny programs, which this makes ~25 % faster; the programs (and so what the tests check) are the
+# same HLO, only the CPU code generated for them is less tuned.
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=1"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
