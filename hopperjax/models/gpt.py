@@ -47,18 +47,7 @@ class GPTConfig(config_lib.ModelConfig):
     def stack(self) -> StackConfig:
         """The blocks' part of this config."""
         return StackConfig(
-            d_model=self.d_model,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            mlp_dim=self.mlp_dim,
-            mlp=self.mlp,
-            positions=self.positions,
-            use_bias=self.use_bias,
-            dropout=self.dropout,
-            norm_eps=self.norm_eps,
-            rope_theta=self.rope_theta,
-            init_std=self.init_std,
-            scan_unroll=self.scan_unroll,
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(StackConfig)}
         )
 
     def validate(self) -> None:
