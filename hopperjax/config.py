@@ -1,15 +1,21 @@
 """Typed run configuration: YAML file + dotted ``key=value`` overrides -> frozen ``Config``.
 
-Every default lives in the dataclasses below. Loading is strict: an unknown key, a value of the
-wrong type or an out-of-range value raises ``ConfigError`` naming the dotted key, and the CLI turns
-that into one line on stderr and exit code 2. Loading and validation never touch ``os.environ`` or
+Every default lives in the dataclasses below. Loading is strict: an unknown key, a key given twice,
+a value of the wrong type (a float key takes finite numbers only, an int key 64-bit integers) or an
+out-of-range value raises ``ConfigError`` naming the dotted key, and the CLI turns that into one
+line on stderr and exit code 2. Loading and validation never touch ``os.environ`` or
 ``jax.config``.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
+import ipaddress
+import math
+import re
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -19,13 +25,57 @@ import yaml
 
 from hopperjax import workloads
 
+# Longest message ConfigError keeps; values in messages are quoted with ``shown`` (at most
+# SHOWN_CHARS), so only free text (a long path, a long list of changed keys) comes near it.
+MAX_MESSAGE = 1000
+SHOWN_CHARS = 80
+# Step counts stay below this: the train state counts steps in int32.
+MAX_STEPS = 2**31
+
 
 class ConfigError(ValueError):
-    """A bad configuration value; ``key`` is the dotted name of the offending key."""
+    """A bad configuration value; ``key`` is the dotted name of the offending key.
+
+    The message is one line (line breaks become spaces) of at most ``MAX_MESSAGE`` characters (a
+    longer one loses its middle), as the CLI prints it; the key it starts with is cut to
+    ``SHOWN_CHARS``. Quote values in it with ``shown``.
+    """
 
     def __init__(self, key: str, message: str, *, name_key: bool = True):
         self.key = key
-        super().__init__(f"{key}: {message}" if key and name_key else message)
+        text = " ".join((f"{_cut(key)}: {message}" if key and name_key else message).splitlines())
+        if len(text) > MAX_MESSAGE:
+            half = (MAX_MESSAGE - 5) // 2
+            text = f"{text[:half]} ... {text[-half:]}"
+        super().__init__(text)
+
+
+class _ShortRepr(reprlib.Repr):
+    """reprlib's bounded repr: it never builds the whole repr of a big value (a YAML alias bomb is
+    a list of 9**9 items sharing a few objects), and it shows a huge int by its size (``repr``
+    refuses ints of over 4,300 digits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxstring = self.maxlong = self.maxother = SHOWN_CHARS
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 128:
+            return f"<{x.bit_length()}-bit integer>"
+        return super().repr_int(x, level)
+
+
+_SHORT_REPR = _ShortRepr()
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message, cut to at most ``SHOWN_CHARS`` characters."""
+    return _cut(_SHORT_REPR.repr(value))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +119,9 @@ class TrainConfig:
     memory the C heap keeps between steps instead of returning it to the kernel
     (``memory/host_heap.py``); None: on the CPU backend, enough for the compiled step's temporary
     buffer, elsewhere nothing; 0: the allocator's default.
+
+    Step counts (``steps``, ``stop_after``, ``log_every``, ``eval_every``, ``checkpoint_every``)
+    are below 2**31 (``MAX_STEPS``).
     """
 
     steps: int = 500
@@ -89,7 +142,12 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    """Optimizer and LR schedule; peak LR = ``base_lr`` scaled by batch / ``base_batch_size``."""
+    """Optimizer and LR schedule; peak LR = ``base_lr`` scaled by batch / ``base_batch_size``.
+
+    Ranges: ``base_lr``, ``eps`` and ``clip_norm`` > 0; ``weight_decay`` >= 0; ``b1``, ``b2``
+    (adamw, lamb) and ``momentum`` (sgd, lars) in [0, 1); ``min_lr_ratio`` in [0, 1];
+    ``warmup_steps`` in [0, 2**31).
+    """
 
     name: Literal["adamw", "sgd", "lamb", "lars"] = "adamw"
     base_lr: float = 1e-3
@@ -129,6 +187,8 @@ class DistributedConfig:
 
     ``auto`` lets JAX detect SLURM, Open MPI or Kubernetes from the environment; otherwise give the
     coordinator (process 0's ``host:port``), the process count and this process's id.
+    ``coordinator_address``: a hostname, a dotted-quad IPv4 address or a bracketed IPv6 address
+    (``[::1]:1234``), and a port in 1..65535.
     """
 
     auto: bool = False
@@ -147,7 +207,8 @@ class LossScaleConfig:
     """Dynamic loss scaling (``enabled`` null: on for fp16 only).
 
     Defaults follow PyTorch's GradScaler: start at 2^16, halve on a non-finite gradient (and skip
-    that update), double after ``growth_interval`` finite steps in a row.
+    that update), double after ``growth_interval`` finite steps in a row. ``init_scale`` > 0;
+    ``factor`` > 1; ``growth_interval`` in [1, 2**31).
     """
 
     enabled: bool | None = None
@@ -219,7 +280,10 @@ class OffloadConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ProfileConfig:
-    """A jax.profiler trace of steps [start_step, start_step + num_steps) into run_dir/profile."""
+    """A jax.profiler trace of steps [start_step, start_step + num_steps) into run_dir/profile.
+
+    Both in [0, 2**31).
+    """
 
     start_step: int = 10
     num_steps: int = 0
@@ -253,7 +317,8 @@ def _group_default(group: str) -> Any:
 class Config:
     """A whole run. ``workload`` picks the task (``hopperjax.workloads``); its module supplies the
     dataclasses of the ``model`` and ``data`` groups, so ``model`` and ``data`` hold instances of
-    the workload's subclasses of ``ModelConfig`` and ``DataConfig``."""
+    the workload's subclasses of ``ModelConfig`` and ``DataConfig``. ``seed``: in [0, 2**32) (an
+    unsigned 32-bit seed)."""
 
     name: str = "run"
     workload: str = DEFAULT_WORKLOAD
@@ -311,11 +376,15 @@ def load_config(
     if path is not None:
         path = Path(path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigError("--config", f"cannot read {path}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError("--config", f"{path}: not UTF-8 text (byte {e.start})") from None
         try:
-            loaded = yaml.safe_load(text)
+            loaded = _load_yaml(text)
+        except _DuplicateKey as e:
+            raise ConfigError(e.key, f"given twice in {path} line {e.line}") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""
@@ -330,12 +399,67 @@ def load_config(
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(item, "expected an override of the form key=value")
+        key = key.strip()
         try:
-            value = yaml.safe_load(raw) if raw else ""
+            value = _load_yaml(raw, prefix=f"{key}.") if raw else ""
+        except _DuplicateKey as e:
+            raise ConfigError(e.key, f"given twice in override {shown(item)}") from None
         except yaml.YAMLError:
             value = raw
-        _set_dotted(tree, key.strip(), value)
+        _set_dotted(tree, key, value)
     return from_dict(tree, validate_values=validate_values)
+
+
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping gives ``key`` (dotted) twice, the second time on ``line``."""
+
+    def __init__(self, key: str, line: int):
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader, refusing a key given twice in one mapping (PyYAML keeps the last).
+
+    ``prefix`` starts the dotted name of the top-level keys (an override's key and a dot).
+    """
+
+    def __init__(self, text: str, prefix: str):
+        super().__init__(text)
+        self._prefixes: dict[yaml.Node, str] = {}  # mapping node -> dotted prefix of its keys
+        self._prefix = prefix
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        prefix = self._prefixes.get(node, self._prefix)  # in a list: the top-level prefix
+        seen = set()
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *base' keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, collections.abc.Hashable):
+                continue  # the base class refuses it
+            if key in seen:
+                raise _DuplicateKey(f"{prefix}{key}", key_node.start_mark.line + 1)
+            seen.add(key)
+            self._prefixes.setdefault(value_node, f"{prefix}{key}.")  # an alias: its first key
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str, prefix: str = "") -> Any:
+    """``text`` parsed by the safe loader, refusing duplicate keys.
+
+    Raises:
+      _DuplicateKey: a mapping gives a key twice.
+      yaml.YAMLError: not YAML; also for PyYAML's ValueError (an integer of over 4,300 digits)
+        and RecursionError (lists nested deeper than the stack), which are no YAMLError.
+    """
+    loader = _Loader(text, prefix)
+    try:
+        return loader.get_single_data()
+    except (ValueError, RecursionError) as e:
+        raise yaml.YAMLError(type(e).__name__) from None
+    finally:
+        loader.dispose()
 
 
 def from_dict(tree: dict[str, Any], *, validate_values: bool = True) -> Config:
@@ -344,7 +468,7 @@ def from_dict(tree: dict[str, Any], *, validate_values: bool = True) -> Config:
     ``validate_values``: see ``load_config``.
     """
     if not isinstance(tree, dict):
-        raise ConfigError("--config", f"expected a mapping at the top level, got {tree!r}")
+        raise ConfigError("--config", f"expected a mapping at the top level, got {shown(tree)}")
     name = _coerce("workload", tree.get("workload", DEFAULT_WORKLOAD), str)
     cls = workload_class(name)
     config = _build(Config, tree, prefix="", groups=_groups(cls), workload=name)
@@ -387,6 +511,8 @@ def _keys(cls: type, prefix: str, groups: dict[str, type]) -> list[str]:
 
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Sets ``tree``'s dotted ``key`` to ``value``; a mapping for a group (``model={n_layers: 1}``)
+    sets the keys it names and keeps the group's others."""
     parts = key.split(".")
     node = tree
     for i, part in enumerate(parts[:-1]):
@@ -394,11 +520,16 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
         if not isinstance(child, dict):
             raise ConfigError(".".join(parts[: i + 1]), "is not a group of keys")
         node = child
+    old = node.get(parts[-1])
+    if isinstance(value, dict) and isinstance(old, dict):
+        value = {**old, **value}  # a new dict: the old one may be a YAML alias's too
     node[parts[-1]] = value
 
 
 def _unknown_key(name: str, value: Any, known: list[str], workload: str) -> ConfigError:
-    while isinstance(value, dict) and len(value) == 1:  # 'trian: {steps: 5}' -> 'trian.steps'
+    # 'trian: {steps: 5}' -> 'trian.steps'; one level, as deep as the schema (and a recursive
+    # YAML mapping has no bottom).
+    if "." not in name and isinstance(value, dict) and len(value) == 1:
         ((child, value),) = value.items()
         name = f"{name}.{child}"
     if name.startswith(("model.", "data.")):  # another workload's key?
@@ -406,12 +537,13 @@ def _unknown_key(name: str, value: Any, known: list[str], workload: str) -> Conf
         if owners:
             return ConfigError(
                 name,
-                f"unknown key '{name}' for workload '{workload}' (a key of workload '{owners[0]}')",
+                f"unknown key {shown(name)} for workload '{workload}' "
+                f"(a key of workload '{owners[0]}')",
                 name_key=False,
             )
     near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     hint = f"; did you mean '{near[0]}'?" if near else ""
-    return ConfigError(name, f"unknown key '{name}'{hint}", name_key=False)
+    return ConfigError(name, f"unknown key {shown(name)}{hint}", name_key=False)
 
 
 def _other_workloads(workload: str) -> list[str]:
@@ -439,7 +571,7 @@ def _build(
     """``cls`` from ``tree``; ``groups`` replaces the dataclass of some fields (``model``,
     ``data``) with the workload's; ``known`` is every key of the whole schema, for suggestions."""
     if not isinstance(tree, dict):
-        raise ConfigError(prefix.rstrip("."), f"expected a mapping of keys, got {tree!r}")
+        raise ConfigError(prefix.rstrip("."), f"expected a mapping of keys, got {shown(tree)}")
     if known is None:
         known = _keys(cls, prefix, groups)
     hints = typing.get_type_hints(cls)
@@ -471,30 +603,48 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
-            raise ConfigError(key, f"expected one of {', '.join(map(str, choices))}, got {value!r}")
+            raise ConfigError(
+                key, f"expected one of {', '.join(map(str, choices))}, got {shown(value)}"
+            )
         return value
     if hint is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(key, f"expected true or false, got {value!r}")
+        raise ConfigError(key, f"expected true or false, got {shown(value)}")
     if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(key, f"expected an integer, got {value!r}")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(key, f"expected an integer, got {shown(value)}")
+        if not -(2**63) <= value < 2**63:
+            raise ConfigError(key, f"expected a 64-bit integer, got {shown(value)}")
+        return value
     if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:  # YAML 1.1 reads "1e-3" as a string.
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(key, f"expected a number, got {value!r}")
+        number = _number(value)
+        if number is None:
+            raise ConfigError(key, f"expected a number, got {shown(value)}")
+        if not math.isfinite(number):
+            raise ConfigError(key, f"expected a finite number, got {shown(value)}")
+        return number
     if hint is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(key, f"expected a string, got {value!r}")
+            try:
+                return str(value)
+            except ValueError:  # an int of over 4,300 digits has no str()
+                pass
+        raise ConfigError(key, f"expected a string, got {shown(value)}")
     raise TypeError(f"unsupported config type {hint!r} for {key}")  # schema bug, not user input
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float (inf past the float range), None if it is no number. Strings count:
+    YAML 1.1 reads "1e-3" as one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int past the float range
+        return math.inf
+    except ValueError:
+        return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -513,6 +663,20 @@ def positive(key: str, value: int | float | None, *, allow_none: bool = False) -
     _positive(key, value, allow_none=allow_none)
 
 
+# Keys that count steps (each below MAX_STEPS).
+_STEP_KEYS = (
+    "train.steps",
+    "train.stop_after",
+    "train.log_every",
+    "train.eval_every",
+    "train.checkpoint_every",
+    "optim.warmup_steps",
+    "loss_scale.growth_interval",
+    "profile.start_step",
+    "profile.num_steps",
+)
+
+
 def validate(config: Config) -> None:
     """Raises ConfigError for the first inconsistent value; never mutates anything.
 
@@ -529,6 +693,13 @@ def validate(config: Config) -> None:
                 f"workload '{config.workload}' takes a {expected.__name__}, "
                 f"got {type(value).__name__}",
             )
+    if not 0 <= config.seed < 2**32:
+        raise ConfigError("seed", f"expected 0 <= seed < 2**32, got {config.seed}")
+    for key in _STEP_KEYS:
+        group, name = key.split(".")
+        steps = getattr(getattr(config, group), name)
+        if steps is not None and steps >= MAX_STEPS:
+            raise ConfigError(key, f"expected fewer than 2**31 steps, got {steps}")
     if d.workers < 0:
         raise ConfigError("data.workers", f"expected >= 0, got {d.workers}")
     _positive("data.worker_buffer_size", d.worker_buffer_size)
@@ -565,6 +736,10 @@ def validate(config: Config) -> None:
     _positive("optim.base_lr", o.base_lr)
     _positive("optim.base_batch_size", o.base_batch_size, allow_none=True)
     _positive("optim.clip_norm", o.clip_norm, allow_none=True)
+    _positive("optim.eps", o.eps)
+    for key, decay in (("b1", o.b1), ("b2", o.b2), ("momentum", o.momentum)):
+        if not 0.0 <= decay < 1.0:
+            raise ConfigError(f"optim.{key}", f"expected 0 <= {key} < 1, got {decay}")
     if o.warmup_steps < 0:
         raise ConfigError("optim.warmup_steps", f"expected >= 0, got {o.warmup_steps}")
     if not 0.0 <= o.min_lr_ratio <= 1.0:
@@ -586,8 +761,10 @@ def validate(config: Config) -> None:
                 f"{', '.join(cls.fp8_layers) or 'no FP8 layers'}",
             )
     _validate_remat(config.remat, cls.remat_names)
-    if config.profile.start_step < 0 or config.profile.num_steps < 0:
-        raise ConfigError("profile", "start_step and num_steps must be >= 0")
+    prof = config.profile
+    for key, steps in (("start_step", prof.start_step), ("num_steps", prof.num_steps)):
+        if steps < 0:
+            raise ConfigError(f"profile.{key}", f"expected >= 0, got {steps}")
     _positive("monitor.interval_s", config.monitor.interval_s)
 
     mesh = config.mesh
@@ -605,6 +782,7 @@ def validate(config: Config) -> None:
 
     dist = config.distributed
     if dist.coordinator_address is not None:
+        _check_address("distributed.coordinator_address", dist.coordinator_address)
         if dist.num_processes is None or dist.process_id is None:
             raise ConfigError(
                 "distributed.coordinator_address",
@@ -618,6 +796,28 @@ def validate(config: Config) -> None:
             )
     _positive("distributed.initialization_timeout_s", dist.initialization_timeout_s)
     cls.validate_config(config)
+
+
+# host:port, the host a name, a dotted quad or a bracketed IPv6 address.
+_ADDRESS = re.compile(r"(?:\[(?P<ipv6>[^\]]+)\]|(?P<host>[A-Za-z0-9._-]+)):(?P<port>[0-9]+)")
+
+
+def _check_address(key: str, address: str) -> None:
+    """Raises ConfigError on ``key`` unless ``address`` is ``host:port`` (see DistributedConfig)."""
+    match = _ADDRESS.fullmatch(address)
+    if match is None:
+        raise ConfigError(key, f"expected host:port ([IPv6]:port), got {shown(address)}")
+    host, ipv6, port = match["host"], match["ipv6"], match["port"]
+    try:
+        if ipv6 is not None:
+            ipaddress.IPv6Address(ipv6)
+        elif re.fullmatch(r"[0-9.]+", host):  # all digits and dots: an IPv4 address or nothing
+            ipaddress.IPv4Address(host)
+    except ValueError:
+        kind = "IPv4" if ipv6 is None else "IPv6"
+        raise ConfigError(key, f"{shown(ipv6 or host)} is not an {kind} address") from None
+    if len(port) > 5 or not 1 <= int(port) <= 65535:
+        raise ConfigError(key, f"expected a port in 1..65535, got {shown(port)}")
 
 
 def _validate_remat(remat: RematConfig, known: tuple[str, ...]) -> None:

@@ -1,13 +1,14 @@
 """Config schema: YAML + overrides, strict types, errors that name the key."""
 
 import dataclasses
+import itertools
 
 import pytest
 import yaml
 from conftest import REPO
 
 import hopperjax
-from hopperjax.config import ConfigError, dump_yaml, from_dict, load_config, to_dict
+from hopperjax.config import MAX_MESSAGE, ConfigError, dump_yaml, from_dict, load_config, to_dict
 
 
 def _dotted(config, key):
@@ -143,3 +144,210 @@ def test_config_is_frozen_and_replace_validates():
 def test_defaults_live_in_schema():
     assert to_dict(load_config(None)) == to_dict(hopperjax.Config())
     assert hopperjax.Config(name="x").run_path.as_posix() == "runs/x"
+
+
+def _refused(path, overrides=()):
+    """The ConfigError ``load_config`` raises; its message must be one short line."""
+    with pytest.raises(ConfigError) as info:
+        load_config(path, list(overrides))
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 300, message
+    return info.value
+
+
+# A YAML alias bomb: anchor i is a list of 9 aliases of anchor h, ... down to a: 9**9 leaves.
+BOMB = [f"&a [{', '.join('x' * 9)}]"] + [
+    f"&{name} [{', '.join([f'*{prev}'] * 9)}]" for prev, name in itertools.pairwise("abcdefghi")
+]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "optim.base_lr",
+        "optim.weight_decay",
+        "optim.clip_norm",
+        "loss_scale.factor",
+        "loss_scale.init_scale",
+        "model.dropout",
+        "model.init_std",
+    ],
+)
+@pytest.mark.parametrize("raw", ["nan", ".nan", "inf", "-.inf", "-inf", "1e400"])
+def test_float_keys_refuse_nan_and_inf(key, raw, tmp_path):
+    assert "finite" in str(_refused(None, [f"{key}={raw}"]))
+    group, name = key.split(".")
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{group}:\n  {name}: {raw}\n")
+    assert _refused(path).key == key
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "fragment"),
+    [
+        ("optim.b1=1.0", "optim.b1", "expected 0 <= b1 < 1"),
+        ("optim.b1=-0.1", "optim.b1", "expected 0 <= b1 < 1"),
+        ("optim.b2=1", "optim.b2", "expected 0 <= b2 < 1"),
+        ("optim.momentum=1.5", "optim.momentum", "expected 0 <= momentum < 1"),
+        ("optim.eps=0", "optim.eps", "positive"),
+        ("optim.weight_decay=-0.1", "optim.weight_decay", ">= 0"),
+        ("model.init_std=0", "model.init_std", "positive"),
+        ("model.norm_eps=-1e-5", "model.norm_eps", "positive"),
+        ("model.rope_theta=0", "model.rope_theta", "positive"),
+        ("model.dropout=1.0", "model.dropout", "expected 0 <= dropout < 1"),
+        ("loss_scale.factor=1", "loss_scale.factor", "expected > 1"),
+        ("loss_scale.init_scale=0", "loss_scale.init_scale", "positive"),
+        ("profile.start_step=-1", "profile.start_step", ">= 0"),
+        ("profile.num_steps=-1", "profile.num_steps", ">= 0"),
+        ("seed=-1", "seed", "expected 0 <= seed < 2**32"),
+        ("seed=4294967296", "seed", "expected 0 <= seed < 2**32"),
+        ("train.steps=2147483648", "train.steps", "fewer than 2**31 steps"),
+        ("train.stop_after=2147483648", "train.stop_after", "fewer than 2**31 steps"),
+        ("train.checkpoint_every=2147483648", "train.checkpoint_every", "2**31"),
+        ("train.eval_every=2147483648", "train.eval_every", "2**31"),
+        ("train.log_every=2147483648", "train.log_every", "2**31"),
+        ("optim.warmup_steps=2147483648", "optim.warmup_steps", "2**31"),
+        ("loss_scale.growth_interval=2147483648", "loss_scale.growth_interval", "2**31"),
+        ("train.steps=99999999999999999999", "train.steps", "expected a 64-bit integer"),
+        ("train.steps=0x" + "f" * 5000, "train.steps", "<20000-bit integer>"),
+        ("train.steps=" + "9" * 5000, "train.steps", "expected an integer"),
+        ("name=0x" + "f" * 5000, "name", "expected a string"),
+    ],
+)
+def test_out_of_range_values_name_the_key(override, key, fragment):
+    error = _refused(REPO / "configs" / "quickstart.yaml", [override])
+    assert error.key == key
+    assert fragment in str(error)
+
+
+def test_seed_and_step_limits_are_inclusive_below():
+    config = load_config(None, ["seed=4294967295", "train.steps=2147483647"])
+    assert (config.seed, config.train.steps) == (2**32 - 1, 2**31 - 1)
+
+
+COORDINATOR = "distributed.coordinator_address"
+ONE_PROCESS = ["distributed.num_processes=1", "distributed.process_id=0"]
+
+
+@pytest.mark.parametrize(
+    ("address", "fragment"),
+    [
+        ("localhost", "expected host:port ([IPv6]:port), got 'localhost'"),
+        ("localhost:", "expected a string"),  # YAML: a mapping
+        (":1234", "expected host:port"),
+        ("::1:1234", "expected host:port"),
+        ("localhost:http", "expected host:port"),
+        ("256.1.1.1:99999", "'256.1.1.1' is not an IPv4 address"),
+        ("10.0.0:1234", "'10.0.0' is not an IPv4 address"),
+        ("[::g]:1234", "'::g' is not an IPv6 address"),
+        ("localhost:0", "expected a port in 1..65535, got '0'"),
+        ("localhost:65536", "expected a port in 1..65535"),
+        ("10.0.0.1:" + "9" * 5000, "expected a port in 1..65535"),
+    ],
+)
+def test_bad_coordinator_addresses_are_refused(address, fragment):
+    error = _refused(None, [f"{COORDINATOR}={address}", *ONE_PROCESS])
+    assert error.key == COORDINATOR
+    assert fragment in str(error)
+
+
+@pytest.mark.parametrize(
+    "address", ["localhost:1234", "10.0.0.1:8476", "[::1]:1234", "node-0.cluster.local:65535"]
+)
+def test_coordinator_addresses(address):
+    config = load_config(None, [f"{COORDINATOR}={address}", *ONE_PROCESS])
+    assert config.distributed.coordinator_address == address
+
+
+def test_a_config_file_that_is_not_utf8_names_the_file(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    error = _refused(path)
+    assert error.key == "--config"
+    assert str(error) == f"--config: {path}: not UTF-8 text (byte 9)"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("seed: 1\nseed: 2\n", "seed"),
+        ("train:\n  steps: 5\n  batch_size: 8\n  steps: 6\n", "train.steps"),
+        ("optim: {b1: 0.9, b1: 0.8}\n", "optim.b1"),
+        # In a mapping an alias names, the key of its anchor.
+        ("train: &t {steps: 5, steps: 6}\n", "train.steps"),
+    ],
+)
+def test_a_key_given_twice_in_the_file_is_refused(text, key, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    error = _refused(path)
+    assert error.key == key
+    assert "given twice in" in str(error) and str(path) in str(error)
+
+
+def test_a_key_given_twice_in_an_override_is_refused():
+    error = _refused(None, ["model={n_layers: 1, n_layers: 2}"])
+    assert error.key == "model.n_layers"
+    assert "given twice in override" in str(error)
+
+
+def test_merge_keys_may_be_overridden(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  <<: {steps: 5, batch_size: 8}\n  steps: 7\n")
+    config = load_config(path)
+    assert (config.train.steps, config.train.batch_size) == (7, 8)
+
+
+def test_a_mapping_for_a_group_sets_its_keys_one_by_one():
+    recipe = REPO / "configs" / "quickstart.yaml"
+    base = load_config(recipe)
+    config = load_config(recipe, ["model={n_layers: 1}", "train={steps: 5}"])
+    assert config.model == dataclasses.replace(base.model, n_layers=1)
+    assert config.train == dataclasses.replace(base.train, steps=5)
+    assert config.replace(model={"d_model": 64}).model.n_layers == 1
+    assert _refused(recipe, ["model={n_layers: 0}"]).key == "model.n_layers"
+    assert _refused(recipe, ["train={stpes: 5}"]).key == "train.stpes"
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "start"),
+    [
+        # The workload is read first, before the unknown keys a..i.
+        (
+            "".join(f"{a[1]}: {a}\n" for a in BOMB) + "workload: *i\n",
+            "workload",
+            "workload: expected a string, got [[[",
+        ),
+        ("".join(f"{a[1]}: {a}\n" for a in BOMB), "a", "unknown key 'a'"),
+        ("seed:\n" + "".join(f"- {a}\n" for a in BOMB), "seed", "seed: expected an integer"),
+        ("model:\n" + "".join(f"- {a}\n" for a in BOMB), "model", "model: expected a mapping"),
+    ],
+)
+def test_an_alias_bomb_gets_a_short_message(text, key, start, tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    error = _refused(path)
+    assert error.key == key
+    assert str(error).startswith(start)
+
+
+def test_recursive_and_deeply_nested_yaml_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: &m\n  x: *m\n")
+    assert _refused(path).key == "model.x"
+    assert _refused(None, ["seed=&a [*a]"]).key == "seed"
+    assert _refused(None, ["seed=" + "[" * 1000]).key == "seed"  # deeper than the stack
+
+
+def test_long_values_and_keys_are_cut_in_messages():
+    error = _refused(None, ["precision=" + "y" * 1000])
+    assert error.key == "precision" and "yyy...yyy" in str(error)
+    error = _refused(None, ["z" * 1000])  # no '=': the key is the whole item
+    assert error.key == "z" * 1000 and len(str(error)) < 150
+
+
+def test_config_error_is_one_bounded_line():
+    error = ConfigError("data.path", "file not found:\n" + "p" * 5000 + " (end)")
+    assert "\n" not in str(error) and len(str(error)) <= MAX_MESSAGE
+    assert str(error).startswith("data.path: file not found: ppp")
+    assert str(error).endswith("pp (end)")

@@ -37,7 +37,7 @@ class DTAConfig(config_lib.ModelConfig):
     ``protein_pool`` > 1 max-pools the protein sequence by that factor after each of the first two
     convolutions. ``head_dims``: the MLP on the concatenated drug and protein vectors
     (comma-separated). ``dropout``: after each head layer but the last, and in the transformer
-    blocks.
+    blocks, in [0, 1). Sizes, ``norm_eps`` and ``init_std`` are > 0.
     """
 
     drug_encoder: Literal["cnn", "transformer"] = "cnn"
@@ -75,7 +75,7 @@ class DTAConfig(config_lib.ModelConfig):
         """Raises ConfigError naming the ``model.*`` key of the first bad value."""
         for key in ("embed_dim", "filters", "drug_kernel", "protein_kernel", "protein_pool"):
             config_lib.positive(f"model.{key}", getattr(self, key))
-        for key in ("d_model", "layers", "heads"):
+        for key in ("d_model", "layers", "heads", "norm_eps", "init_std"):
             config_lib.positive(f"model.{key}", getattr(self, key))
         if self.d_model % self.heads:
             raise config_lib.ConfigError(
@@ -85,11 +85,13 @@ class DTAConfig(config_lib.ModelConfig):
             sizes = self.head_sizes
         except ValueError:
             raise config_lib.ConfigError(
-                "model.head_dims", f"expected comma-separated integers, got {self.head_dims!r}"
+                "model.head_dims",
+                f"expected comma-separated integers, got {config_lib.shown(self.head_dims)}",
             ) from None
         if not sizes or min(sizes) <= 0:
             raise config_lib.ConfigError(
-                "model.head_dims", f"expected positive sizes, got {self.head_dims!r}"
+                "model.head_dims",
+                f"expected positive sizes, got {config_lib.shown(self.head_dims)}",
             )
         if not 0.0 <= self.dropout < 1.0:
             raise config_lib.ConfigError(

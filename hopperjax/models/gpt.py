@@ -24,7 +24,8 @@ class GPTConfig(config_lib.ModelConfig):
     """The GPT's ``model:`` group. ``mlp_dim`` None means 4 x ``d_model``.
 
     ``scan_unroll``: blocks unrolled per iteration of the layer scan (``n_layers``: no loop left;
-    worth it for small models, whose step time the loop's overhead dominates).
+    worth it for small models, whose step time the loop's overhead dominates). Sizes, ``norm_eps``,
+    ``rope_theta`` and ``init_std`` are > 0; ``dropout`` is in [0, 1).
     """
 
     vocab_size: int = 256
@@ -55,6 +56,8 @@ class GPTConfig(config_lib.ModelConfig):
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "scan_unroll"):
             config_lib.positive(f"model.{key}", getattr(self, key))
         config_lib.positive("model.mlp_dim", self.mlp_dim, allow_none=True)
+        for key in ("norm_eps", "rope_theta", "init_std"):
+            config_lib.positive(f"model.{key}", getattr(self, key))
         if self.d_model % self.n_heads:
             raise config_lib.ConfigError(
                 "model.n_heads", f"must divide model.d_model={self.d_model}, got {self.n_heads}"

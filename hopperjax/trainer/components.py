@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -191,6 +192,29 @@ def _policy(config: Config, workload: Workload) -> Policy:
     return policy_from_config(config, default_fp8_layers=workload.default_fp8_layers)
 
 
+def _check_divisible(abstract_state: Any) -> None:
+    """Raises ConfigError naming the mesh key when a mesh axis does not divide an array dimension
+    it shards (say ``mesh.tensor=8`` with 4 attention heads): before anything is compiled."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(abstract_state)
+    for path, leaf in leaves:
+        sharding = getattr(leaf, "sharding", None)
+        spec = getattr(sharding, "spec", None)
+        if spec is None:
+            continue
+        for dim, axes in enumerate(spec):
+            axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+            ways = math.prod(sharding.mesh.shape[a] for a in axes)
+            if axes and leaf.shape[dim] % ways:
+                name = jax.tree_util.keystr(path, simple=True, separator="/")
+                sizes = " x ".join(f"mesh.{a}={sharding.mesh.shape[a]}" for a in axes)
+                raise ConfigError(
+                    f"mesh.{axes[0]}",
+                    f"{sizes} does not divide dimension {dim} of {name} "
+                    f"(shape {list(leaf.shape)}); choose a mesh whose axes divide the model's "
+                    f"dimensions",
+                )
+
+
 def build_components(config: Config, *, devices: Sequence[jax.Device] | None = None) -> Components:
     """Builds mesh, model, optimizer, datasets, shardings and jitted steps; runs nothing.
 
@@ -241,6 +265,7 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         loss_scale=loss_scale,
         rules=rules,
     )
+    _check_divisible(abstract)
     offloaded = offload.offloaded_fields(config.offload)
     fetch = offload.make_fetch(shardings, offloaded)
     if offloaded:
