@@ -291,15 +291,16 @@ TRAIN_FOLDS = [[0, 5, 10], [1, 6, 11, 15], [2, 7, 12], [3, 8, 13, 16], [4, 9, 14
 TEST_FOLD = [17, 18, 19, 20, 21]
 
 
-def _write_deepdta(root):
+def _write_deepdta(root, pkd=PKD, folds=(TRAIN_FOLDS, TEST_FOLD)):
     root.mkdir(parents=True)
     (root / "ligands_can.txt").write_text(json.dumps(DRUGS))
     (root / "proteins.txt").write_text(json.dumps(PROTEINS))
     with open(root / "Y", "wb") as f:
-        pickle.dump(10.0 ** (9.0 - PKD), f, protocol=2)  # Kd in nM, as Davis ships it
-    (root / "folds").mkdir()
-    (root / "folds" / "train_fold_setting1.txt").write_text(json.dumps(TRAIN_FOLDS))
-    (root / "folds" / "test_fold_setting1.txt").write_text(json.dumps(TEST_FOLD))
+        pickle.dump(10.0 ** (9.0 - pkd), f, protocol=2)  # Kd in nM, as Davis ships it
+    if folds is not None:
+        (root / "folds").mkdir()
+        (root / "folds" / "train_fold_setting1.txt").write_text(json.dumps(folds[0]))
+        (root / "folds" / "test_fold_setting1.txt").write_text(json.dumps(folds[1]))
     return root
 
 
@@ -336,6 +337,78 @@ def test_deepdta_eval_split_and_valid_fold(tmp_path, split, fold):
     np.testing.assert_allclose(_affinities(datasets.eval), np.sort(pkd[held]), rtol=1e-5)
     one_epoch = _affinities(iter(datasets.train), count=len(train))
     np.testing.assert_allclose(one_epoch, np.sort(pkd[train]), rtol=1e-5)
+
+
+def test_nan_in_y_at_a_pair_the_folds_use_is_blamed_on_y(tmp_path):
+    """The folds number Y's measured pairs, so a NaN where a fold expects a value shows up as a
+    fold index past the end: the error names Y and the NaN cells, not the folds file."""
+    full = 5.0 + 0.1 * np.arange(24).reshape(4, 6)  # Davis-like: every pair measured
+    full_folds = ([list(range(k, 20, 5)) for k in range(5)], list(range(20, 24)))
+    full[2, 3] = np.nan
+    root = _write_deepdta(tmp_path / "davis", full, full_folds)
+    config = dta_config(tmp_path, "data.source=deepdta", f"data.path={root}")
+    with pytest.raises(hopperjax.ConfigError) as e:
+        dta_workload.load_pairs(config)
+    assert str(e.value) == (
+        f"data.path: {root / 'Y'}: Y[2, 3] (drug 'D9', protein 'P3') is NaN, but the folds use "
+        "every pair of the 4 x 6 matrix"
+    )
+
+    # KIBA-like (NaN = unmeasured, accepted): one NaN too many cannot be told from the others.
+    pkd = PKD.copy()
+    pkd[0, 1] = np.nan
+    root = _write_deepdta(tmp_path / "kiba", pkd)
+    config = dta_config(tmp_path, "data.source=deepdta", f"data.path={root}")
+    with pytest.raises(hopperjax.ConfigError) as e:
+        dta_workload.load_pairs(config)
+    assert str(e.value) == (
+        f"data.path: {root / 'Y'}: NaN at a pair the folds use (they number 22 measured pairs, "
+        "Y has 21; its NaN are at Y[0, 1], Y[1, 2], Y[3, 0])"
+    )
+
+
+def test_an_empty_held_out_fold_is_refused_naming_the_key_and_the_folds_file(tmp_path):
+    folds = ([[0, 5, 10, 1, 6, 11, 15], [], *TRAIN_FOLDS[2:]], [])
+    root = _write_deepdta(tmp_path / "davis", folds=folds)
+    base = ["data.source=deepdta", f"data.path={root}", "train.batch_size=4"]
+    for key, value, message in (
+        ("valid_fold", 1, f"fold 1 of {root / 'folds/train_fold_setting1.txt'}"),
+        ("eval_split", "test", f"the test fold of {root / 'folds/test_fold_setting1.txt'}"),
+    ):
+        config = dta_config(tmp_path, *base, f"data.{key}={value}")
+        with pytest.raises(hopperjax.ConfigError) as e:
+            dta_workload.AffinityRegression(config).build_datasets(ProcessShard(0, 1))
+        assert str(e.value) == f"data.{key}: {message} has no pairs to evaluate on"
+    # An empty fold that is not held out just adds nothing to training: accepted.
+    config = dta_config(tmp_path, *base, "data.valid_fold=0")
+    assert dta_workload.AffinityRegression(config).build_datasets(ProcessShard(0, 1)).meta
+
+
+def test_a_test_split_without_folds_is_refused(tmp_path):
+    """Without folds the eval split is a random one: scoring it as "test" would be a lie."""
+    root = _write_deepdta(tmp_path / "nofolds", folds=None)
+    base = ["data.source=deepdta", f"data.path={root}", "train.batch_size=4"]
+    config = dta_config(tmp_path, *base, "data.eval_split=test")
+    with pytest.raises(hopperjax.ConfigError) as e:
+        dta_workload.AffinityRegression(config).build_datasets(ProcessShard(0, 1))
+    assert str(e.value) == (
+        f"data.eval_split: 'test' needs DeepDTA's held-out test fold, but {root} has no folds/; "
+        "use data.eval_split=valid (a random data.eval_fraction of the pairs)"
+    )
+    config = dta_config(tmp_path, *base, "data.eval_split=valid")
+    assert dta_workload.AffinityRegression(config).build_datasets(ProcessShard(0, 1)).meta
+
+
+def test_csv_header_with_a_byte_order_mark_and_a_directory_for_a_file(tmp_path):
+    path = tmp_path / "pairs.csv"
+    path.write_text("\ufeffSMILES,sequence,affinity\nCCO,MKV,5.5\nCCN,GTG,7\n", encoding="utf-8")
+    table = dta_workload.load_table(
+        dta_config(tmp_path, "data.source=csv", f"data.path={path}", "data.pkd=false")
+    )
+    assert table.drugs == ["CCO", "CCN"] and table.affinity.tolist() == [5.5, 7.0]
+    with pytest.raises(hopperjax.ConfigError) as e:
+        dta_config(tmp_path, "data.source=csv", f"data.path={tmp_path}")
+    assert str(e.value) == f"data.path: a directory, not a CSV/TSV file: {tmp_path}"
 
 
 def _write_shards(root, out, num_shards):

@@ -297,26 +297,27 @@ def _read_matrix(root: Path) -> tuple[np.ndarray, Path]:
     return y.astype(np.float64), path
 
 
-def _index_array(values: object, path: Path, what: str, pairs: int) -> np.ndarray:
+TRAIN_FOLDS_FILE = "folds/train_fold_setting1.txt"  # DeepDTA's split, relative to its directory
+TEST_FOLD_FILE = "folds/test_fold_setting1.txt"
+
+
+def _index_array(values: object, path: Path, what: str) -> np.ndarray:
     if type(values) is not list or not all(type(v) is int for v in values):
         raise DataError(f"{path}: {what} must be a list of integer pair indices")
-    indices = np.asarray(values, np.int64)
-    bad = np.flatnonzero((indices < 0) | (indices >= pairs))
-    if bad.size:
-        raise DataError(f"{path}: {what} index {indices[bad[0]]} is outside 0..{pairs - 1}")
-    return indices
+    return np.asarray(values, np.int64)
 
 
-def _read_folds(root: Path, pairs: int) -> tuple[list[np.ndarray] | None, np.ndarray | None]:
-    train_path = root / "folds" / "train_fold_setting1.txt"
-    test_path = root / "folds" / "test_fold_setting1.txt"
+def _read_folds(root: Path) -> tuple[list[np.ndarray], np.ndarray] | None:
+    """(training folds, test fold), each distinct pair indices not yet checked against Y; None
+    when the directory has neither folds file."""
+    train_path, test_path = root / TRAIN_FOLDS_FILE, root / TEST_FOLD_FILE
     if not train_path.exists() and not test_path.exists():
-        return None, None
+        return None
     train = _read_json(train_path)
     if not isinstance(train, list) or isinstance(train, _JsonObject) or not train:
         raise DataError(f"{train_path}: expected a JSON list of folds (lists of pair indices)")
-    folds = [_index_array(f, train_path, f"fold {k}", pairs) for k, f in enumerate(train)]
-    test = _index_array(_read_json(test_path), test_path, "test fold", pairs)
+    folds = [_index_array(f, train_path, f"fold {k}") for k, f in enumerate(train)]
+    test = _index_array(_read_json(test_path), test_path, "test fold")
     values, counts = np.unique(np.concatenate(folds), return_counts=True)
     if (counts > 1).any():
         raise DataError(f"{train_path}: pair {values[counts > 1][0]} is in the folds twice")
@@ -327,6 +328,48 @@ def _read_folds(root: Path, pairs: int) -> tuple[list[np.ndarray] | None, np.nda
     if both.size:
         raise DataError(f"{test_path}: pair {both[0]} is also in {train_path.name}")
     return folds, test
+
+
+def _check_nan_at_fold_pairs(
+    y: np.ndarray, y_path: Path, used: np.ndarray, drug_ids: list[str], protein_ids: list[str]
+) -> None:
+    """Raises naming ``y_path`` when a NaN sits at a pair the folds use.
+
+    The folds number Y's measured (non-NaN) pairs, so a NaN where a value should be shifts the
+    numbering and the folds then index past the last pair. When the folds (``used``: all their
+    indices, distinct) are exactly 0..n-1 with n between the measured pairs and the cells of Y,
+    they were made for a Y with n measured pairs: the NaN is the error, not the folds. Only when
+    n is every cell (Davis) can we tell which NaN; otherwise (KIBA, where NaN means unmeasured)
+    the first few are listed.
+    """
+    pairs = y.size - int(np.isnan(y).sum())
+    needed = int(used.max()) + 1 if used.size else 0
+    if not pairs < needed <= y.size or len(used) != needed or used.min() < 0:
+        return
+    nan = np.argwhere(np.isnan(y))  # [NaN cells, (drug, protein)], row-major
+    if needed == y.size:
+        i, j = nan[0]
+        more = f" (and {len(nan) - 1} more)" if len(nan) > 1 else ""
+        raise DataError(
+            f"{y_path}: Y[{i}, {j}] (drug '{drug_ids[i]}', protein '{protein_ids[j]}') is NaN"
+            f"{more}, but the folds use every pair of the {y.shape[0]} x {y.shape[1]} matrix"
+        )
+    cells = ", ".join(f"Y[{i}, {j}]" for i, j in nan[:3])
+    cells += f", ... ({len(nan)} in all)" if len(nan) > 3 else ""
+    raise DataError(
+        f"{y_path}: NaN at a pair the folds use (they number {needed} measured pairs, Y has "
+        f"{pairs}; its NaN are at {cells})"
+    )
+
+
+def _check_fold_range(root: Path, folds: list[np.ndarray], test: np.ndarray, pairs: int) -> None:
+    named = [(TRAIN_FOLDS_FILE, f"fold {k}", f) for k, f in enumerate(folds)]
+    for file, what, indices in [*named, (TEST_FOLD_FILE, "test fold", test)]:
+        bad = np.flatnonzero((indices < 0) | (indices >= pairs))
+        if bad.size:
+            raise DataError(
+                f"{root / file}: {what} index {indices[bad[0]]} is outside 0..{pairs - 1}"
+            )
 
 
 def load_deepdta(
@@ -375,7 +418,12 @@ def load_deepdta(
         )
     with np.errstate(divide="ignore", invalid="ignore"):  # bad values are dropped below
         affinity = pkd_from_kd_nm(values) if pkd else values
-    train_folds, test_fold = _read_folds(root, len(values))
+    train_folds, test_fold = _read_folds(root) or (None, None)
+    if train_folds is not None:
+        _check_nan_at_fold_pairs(
+            y, y_path, np.concatenate([*train_folds, test_fold]), drug_ids, protein_ids
+        )
+        _check_fold_range(root, train_folds, test_fold, len(values))
     table = DtaTable(
         drug_ids=drug_ids,
         drugs=drugs,
@@ -438,7 +486,8 @@ def load_dta_csv(
     drug_ids, protein_ids, drug_index, protein_index, affinity = [], [], [], [], []
     skipped = 0
     try:
-        with _file_errors(path), path.open(newline="", encoding="utf-8") as f:
+        # utf-8-sig: a byte-order mark (Excel writes one) is not part of the first column name.
+        with _file_errors(path), path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f, delimiter=delimiter)
             header = [name.strip().lower() for name in next(reader, [])]
             missing = [name for name in _CSV_COLUMNS if name not in header]

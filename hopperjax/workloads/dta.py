@@ -42,10 +42,11 @@ class AffinityData(config_lib.DataConfig):
     by grain, with ``workers`` processes). ``valid_fold``: the DeepDTA training fold held out for
     eval when ``eval_split`` is ``valid``; ``eval_split: test`` evaluates on the test fold
     instead (report, never select, on it). Without folds, ``eval_fraction`` of the pairs, drawn
-    with the run's seed, is held out. ``group_by: protein`` (or ``drug``) orders each epoch group
-    by group, in random order, so a batch holds the pairs of a few proteins and the model encodes
-    a few instead of hundreds. ``deduplicate``: encode each distinct drug and protein of a batch
-    once and gather per pair (same predictions, far fewer FLOPs).
+    with the run's seed, is held out (and ``eval_split: test`` is refused). ``group_by:
+    protein`` (or ``drug``) orders each epoch group by group, in random order, so a batch holds
+    the pairs of a few proteins and the model encodes a few instead of hundreds.
+    ``deduplicate``: encode each distinct drug and protein of a batch once and gather per pair
+    (same predictions, far fewer FLOPs).
     """
 
     source: Literal["deepdta", "csv", "synthetic", "shards"] = "deepdta"
@@ -113,6 +114,10 @@ def split_pairs(
     DeepDTA ``folds`` (training folds, test fold): train on every training fold but
     ``data.valid_fold``; evaluate on that fold, or on the test fold with ``data.eval_split: test``.
     Without folds: a seeded random split with ``data.eval_fraction`` held out.
+
+    Raises:
+      ConfigError: the held-out fold is empty (naming the key that selects it and the folds
+        file), or ``data.eval_split`` is ``test`` without folds.
     """
     d = config.data
     if folds is not None:
@@ -120,11 +125,34 @@ def split_pairs(
         if d.valid_fold >= len(train_folds):
             raise ConfigError("data.valid_fold", f"the data has {len(train_folds)} folds")
         train = np.concatenate([f for i, f in enumerate(train_folds) if i != d.valid_fold])
-        held = test_fold if d.eval_split == "test" else train_folds[d.valid_fold]
+        if d.eval_split == "test":
+            key, held, what = "data.eval_split", test_fold, "the test fold"
+        else:
+            key, held, what = "data.valid_fold", train_folds[d.valid_fold], f"fold {d.valid_fold}"
+        if not len(held):
+            raise ConfigError(key, f"{what} of {_folds_file(d)} has no pairs to evaluate on")
         return train.astype(np.int64), np.asarray(held, np.int64)
+    if d.eval_split == "test":  # a random split is no held-out test set: never report it as one
+        where = {"deepdta": f"{d.path} has no folds/", "shards": f"{d.path} has no folds"}.get(
+            d.source, f"data.source={d.source} has no folds"
+        )
+        raise ConfigError(
+            "data.eval_split",
+            f"'test' needs DeepDTA's held-out test fold, but {where}; use data.eval_split=valid "
+            f"(a random data.eval_fraction of the pairs)",
+        )
     order = np.random.default_rng(config.seed).permutation(num_pairs)
     held = max(1, round(num_pairs * d.eval_fraction))
     return np.sort(order[held:]), np.sort(order[:held])
+
+
+def _folds_file(data: AffinityData) -> Path:
+    """Where the folds of ``data`` come from (for messages)."""
+    if data.source == "shards":
+        return Path(data.path) / dta_shards.META_NAME
+    return Path(data.path) / (
+        molecules.TEST_FOLD_FILE if data.eval_split == "test" else molecules.TRAIN_FOLDS_FILE
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,6 +297,8 @@ class AffinityRegression(Workload):
         if d.source == "csv":
             if not d.path:
                 raise ConfigError("data.path", f"required when data.source is '{d.source}'")
+            if Path(d.path).is_dir():
+                raise ConfigError("data.path", f"a directory, not a CSV/TSV file: {d.path}")
             if not Path(d.path).is_file():
                 raise ConfigError("data.path", f"file not found: {d.path}")
         elif d.source in ("deepdta", "shards"):

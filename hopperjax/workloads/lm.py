@@ -101,6 +101,8 @@ class LanguageModeling(Workload):
         if d.source == "text":
             if not d.path:
                 raise ConfigError("data.path", "required when data.source is 'text'")
+            if Path(d.path).is_dir():
+                raise ConfigError("data.path", f"a directory, not a text file: {d.path}")
             if not Path(d.path).is_file():
                 raise ConfigError("data.path", f"file not found: {d.path}")
         elif d.path:
