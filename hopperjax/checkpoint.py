@@ -1,21 +1,49 @@
 """Checkpoints: train state and data-iterator state together, through orbax's CheckpointManager.
 
 orbax writes each step into a temporary directory and renames it when complete, so a step
-directory is either whole or absent; ``latest_step`` only ever sees whole ones. Saves are async:
-the device arrays are copied to host and the loop continues while files are written.
+directory is either whole or absent. Saves are async: the device arrays are copied to host and
+the loop continues while files are written.
+
+On top of orbax, a checkpoint is only ever *trusted* when it verifies:
+
+- nothing non-finite is saved: ``save`` checks the state on device first and refuses;
+- once a save is on disk, ``manifest.json`` in its step directory records every file's size and
+  SHA-256 (written in the background, atomically); a step without one never finished;
+- ``resume_step`` re-hashes the newest checkpoints and returns the newest that verifies; newer ones
+  that do not are moved to ``checkpoints.damaged/`` with one line saying why;
+- a save that cannot be written (disk full, read-only directory) is reported as one line within
+  a step of failing (``poll``), its temporary directory removed, the previous checkpoints intact.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import dataclasses
+import hashlib
 import json
+import re
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+
+from hopperjax import files
+
+MANIFEST = "manifest.json"
+# Where checkpoints that fail verification are moved (beside ``checkpoints/``), kept for a look.
+DAMAGED = "checkpoints.damaged"
+_CHUNK = 1 << 22
+# The operating system's reason inside orbax/tensorstore's long error texts.
+_OS_ERRORS = re.compile(
+    r"No space left on device|Disk quota exceeded|Read-only file system|Permission denied"
+)
 
 # orbax splits the write of an array held whole by several devices among them ("replica
 # parallel"), one sliced copy per device. Below this size per slice the copies cost more than they
@@ -82,6 +110,66 @@ class IteratorStateRestore(ocp.args.CheckpointArgs):
     pass
 
 
+class CheckpointError(Exception):
+    """A checkpoint that cannot be written, or no checkpoint that verifies; one line."""
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(step_dir: Path) -> list[Path]:
+    return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(step_dir: Path) -> None:
+    """Records size and SHA-256 of every file of a finished step directory."""
+    entries = {
+        str(p.relative_to(step_dir)): {"bytes": p.stat().st_size, "sha256": _digest(p)}
+        for p in _files(step_dir)
+    }
+    files.write_text(step_dir / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
+
+
+def verify(step_dir: Path) -> str | None:
+    """What is wrong with a step directory (one phrase), or None when every file matches its
+    manifest."""
+    try:
+        entries = json.loads((step_dir / MANIFEST).read_text())["files"]
+    except FileNotFoundError:
+        return "it has no manifest (its save never finished)"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"its manifest is unreadable ({type(e).__name__})"
+    for name, want in sorted(entries.items()):
+        path = step_dir / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            return f"{name} has {size} bytes, not {want['bytes']}"
+        if _digest(path) != want["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+@jax.jit
+def _all_finite(state: Any) -> jax.Array:
+    leaves = [
+        jnp.isfinite(x).all()
+        for x in jax.tree.leaves(state)
+        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
+    return jnp.stack(leaves).all() if leaves else jnp.asarray(True)
+
+
+def _state_bytes(state: Any) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
+
+
 class Checkpointer:
     """Keep-last-K, every-N-steps checkpoints of ``(train state, data iterator state)``.
 
@@ -90,17 +178,28 @@ class Checkpointer:
       every: save when ``step % every == 0`` (``save(force=True)`` saves regardless).
       keep: how many of the newest checkpoints to keep.
       async_save: write files in the background.
+      primary: this process writes manifests and moves damaged checkpoints (default: process 0).
     """
 
-    def __init__(self, directory: str | Path, *, every: int, keep: int, async_save: bool = True):
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        every: int,
+        keep: int,
+        async_save: bool = True,
+        primary: bool | None = None,
+    ):
+        self._directory = Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             enable_async_checkpointing=async_save,
             create=True,
+            cleanup_tmp_directories=True,
         )
         # Handlers named up front, so that a manager that has not saved yet can read metadata.
         self._manager = ocp.CheckpointManager(
-            Path(directory).absolute(),
+            self._directory,
             options=options,
             item_handlers={
                 "state": _state_handler(),
@@ -108,6 +207,14 @@ class Checkpointer:
             },
         )
         self._every = every
+        self._primary = jax.process_index() == 0 if primary is None else primary
+        self._pending: list[tuple[int, int]] = []  # (step, bytes) of saves not yet on disk
+        self._hashing = concurrent.futures.ThreadPoolExecutor(1, "hopperjax-manifest")
+        self._manifests: list[concurrent.futures.Future] = []
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -115,18 +222,159 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
 
+    def last_good_step(self) -> int | None:
+        """The newest step whose save finished and whose manifest was written (not re-hashed)."""
+        good = [s for s in self.all_steps() if (self._directory / str(s) / MANIFEST).is_file()]
+        return max(good, default=None)
+
+    def describe_last_good(self) -> str:
+        """Names the checkpoint to go back to (for error messages)."""
+        step = self.last_good_step()
+        if step is None:
+            return "there is no checkpoint yet"
+        return f"the last good checkpoint is step {step} in {self._directory}"
+
+    def resume_step(self, info: Callable[[str], None] = print) -> int | None:
+        """The newest checkpoint that verifies (None: there are no checkpoints).
+
+        Newer ones that do not verify are moved to ``checkpoints.damaged/`` (by the primary
+        process), each with one ``info`` line.
+
+        Raises:
+          CheckpointError: there are checkpoints but none verifies (nothing is moved).
+        """
+        steps = sorted(self.all_steps(), reverse=True)
+        problems = []
+        for step in steps:
+            problem = verify(self._directory / str(step))
+            if problem is None:
+                break
+            problems.append((step, problem))
+        else:
+            if not steps:
+                return None
+            said = "; ".join(f"step {s}: {p}" for s, p in problems)
+            raise CheckpointError(
+                f"no checkpoint in {self._directory} verifies ({said}); move them away to start "
+                f"over, or use a new run_dir"
+            )
+        if problems and jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("hopperjax: checkpoints verified")
+        for bad, problem in problems:
+            info(
+                f"hopperjax: checkpoint step {bad} is damaged: {problem}; moved to "
+                f"{DAMAGED}/ and resuming from step {step}"
+            )
+            if self._primary:
+                target = self._directory.parent / DAMAGED / str(bad)
+                n = 1
+                while target.exists():
+                    target = target.with_name(f"{bad}.{n}")
+                    n += 1
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(self._directory / str(bad), target)
+        if problems:
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+
+                multihost_utils.sync_global_devices("hopperjax: damaged checkpoints moved")
+            self._manager.reload()
+        return step
+
     def save(self, step: int, state: Any, data_state: Any, *, force: bool = False) -> bool:
-        """Starts saving if ``step`` is due (or ``force``); returns whether it did."""
+        """Starts saving if ``step`` is due (or ``force``); returns whether it did.
+
+        Raises:
+          FloatingPointError: the state holds a NaN or Inf (nothing is written).
+          CheckpointError: the directory has less free space than the state's size, or an
+            earlier save failed.
+        """
+        self.poll()
         # The cadence is decided here: orbax's own interval logic also saves the first step.
         if not (force or step % self._every == 0) or step == self._manager.latest_step():
             return False
-        return self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.PyTreeSave(state), data=IteratorStateSave(data_state)
-            ),
-            force=True,
+        if not bool(_all_finite(state)):
+            with contextlib.suppress(CheckpointError):
+                self.wait()  # a save in flight may still become the last good one
+            raise FloatingPointError(
+                f"the train state at step {step} holds NaN or Inf and was not checkpointed; "
+                f"{self.describe_last_good()}"
+            )
+        needed = _state_bytes(state)
+        free = shutil.disk_usage(self._directory).free
+        if free < needed:
+            raise CheckpointError(self._no_space(step, needed, free))
+        self._pending.append((step, needed))
+        try:
+            return self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.PyTreeSave(state), data=IteratorStateSave(data_state)
+                ),
+                force=True,
+            )
+        except Exception as e:  # orbax re-raises an earlier async save's error here, any type
+            raise self._failed(e) from e
+
+    def _failed(self, error: Exception) -> CheckpointError:
+        """The one-line error for a save that failed. Saves of the same batch that did finish
+        get their manifests; temporary directories are removed."""
+        pending, self._pending = self._pending, []
+        done = [(s, n) for s, n in pending if (self._directory / str(s)).is_dir()]
+        failed = [(s, n) for s, n in pending if (s, n) not in done]
+        self._start_manifests(done)
+        for tmp in self._directory.glob("*.orbax-checkpoint-tmp*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+        step, needed = failed[0] if failed else pending[-1] if pending else (None, 0)
+        free = shutil.disk_usage(self._directory).free
+        text = str(error)
+        known = _OS_ERRORS.search(text)
+        reason = getattr(error, "strerror", None) or (known.group(0) if known else text[:200])
+        for future in self._manifests:
+            with contextlib.suppress(OSError):  # a full disk: that step stays unverified
+                future.result()
+        self._manifests = []
+        return CheckpointError(
+            f"cannot write checkpoint step {step} to {self._directory}: {reason} (a checkpoint "
+            f"needs up to {needed / 2**20:,.1f} MiB; {free / 2**20:,.1f} MiB are free); "
+            f"{self.describe_last_good()}"
         )
+
+    def _start_manifests(self, saved: list[tuple[int, int]]) -> None:
+        if self._primary:
+            for step, _ in saved:
+                step_dir = self._directory / str(step)
+                if step_dir.is_dir():
+                    self._manifests.append(self._hashing.submit(write_manifest, step_dir))
+
+    def _no_space(self, step: int, needed: int, free: int) -> str:
+        return (
+            f"cannot write checkpoint step {step} to {self._directory}: it needs up to "
+            f"{needed / 2**20:,.1f} MiB and {free / 2**20:,.1f} MiB are free"
+        )
+
+    def poll(self) -> None:
+        """Cheap, at every step: once the background save is done, checks it worked and starts
+        its manifest.
+
+        Raises:
+          CheckpointError: a save failed (its temporary directory is removed).
+        """
+        if self._pending and not self._manager.is_saving_in_progress():
+            self._finish()
+        for future in [f for f in self._manifests if f.done()]:
+            self._manifests.remove(future)
+            future.result()
+
+    def _finish(self) -> None:
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # orbax re-raises the writer thread's error, of any type
+            raise self._failed(e) from e
+        pending, self._pending = self._pending, []
+        self._start_manifests(pending)
 
     def state_leaves(self, step: int) -> dict[str, tuple[tuple[int, ...], str]]:
         """``{dotted path: (shape, dtype name)}`` of every array of the train state saved at
@@ -171,8 +419,19 @@ class Checkpointer:
         return restored["state"], restored["data"]
 
     def wait(self) -> None:
-        """Blocks until every started save is on disk."""
-        self._manager.wait_until_finished()
+        """Blocks until every started save is on disk with its manifest.
+
+        Raises:
+          CheckpointError: a save failed.
+        """
+        self._finish()
+        for future in self._manifests:
+            future.result()
+        self._manifests = []
 
     def close(self) -> None:
+        """Waits for started saves (quietly: a failure was or will be reported by ``wait``)."""
+        with contextlib.suppress(CheckpointError):
+            self._finish()
+        self._hashing.shutdown(wait=True)
         self._manager.close()

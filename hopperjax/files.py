@@ -6,8 +6,10 @@ directories (``config.yaml``, a workload's artifacts) and data conversions rely 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -42,3 +44,37 @@ def fsync_directory(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class Busy(Exception):
+    """Another process holds the lock; ``pid`` is what it wrote into the lock file."""
+
+    def __init__(self, path: Path, pid: str):
+        super().__init__(f"{path} is locked by process {pid}")
+        self.pid = pid
+
+
+@contextlib.contextmanager
+def exclusive(directory: Path) -> Iterator[None]:
+    """Holds an exclusive lock on ``directory`` (created if missing) while the block runs.
+
+    The lock is ``fcntl.flock`` on ``directory/.lock``, which also holds the holder's pid; the
+    kernel drops it when the holder exits, however it exits, so a killed run leaves no stale lock.
+
+    Raises:
+      Busy: another process holds it.
+      OSError: the directory cannot be created or written.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(directory, os.pread(fd, 32, 0).decode(errors="replace").strip()) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

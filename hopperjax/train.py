@@ -1,16 +1,34 @@
 """CLI: ``python -m hopperjax.train --config FILE [key=value ...]``.
 
-Exit code 2 with a one-line message for a bad config (unknown key, wrong type, bad value).
+Exit codes: 0 done; 1 the training diverged (NaN/Inf: one line naming the steps and the last good
+checkpoint); 2 a bad input (config key, data file, run directory, checkpoint), one line;
+130 aborted by a second Ctrl-C (the first one checkpoints and stops).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+from typing import Any
 
 import jax
 
+from hopperjax.checkpoint import CheckpointError
 from hopperjax.config import ConfigError, load_config
+from hopperjax.observe.metrics import MetricsFileError
+
+
+def _not_orbax_errors(record: logging.LogRecord) -> bool:
+    return not (record.levelno >= logging.ERROR and "/orbax/" in record.pathname)
+
+
+def _quiet_closed_event_loop(unraisable: Any) -> None:
+    if not (
+        isinstance(unraisable.exc_value, RuntimeError)
+        and str(unraisable.exc_value) == "Event loop is closed"
+    ):
+        sys.__unraisablehook__(unraisable)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         help="dotted overrides, e.g. train.steps=200 mesh.data=8 precision=bf16",
     )
     args = parser.parse_args(argv)
+    # orbax logs a failed background save as several tracebacks, and its writer threads may then
+    # call into a closed event loop; the loop reports the failure as one line.
+    logging.getLogger("absl").addFilter(_not_orbax_errors)
+    sys.unraisablehook = _quiet_closed_event_loop
     # Set here, visibly, rather than inside library code: per-step keys that shard like the data.
     jax.config.update("jax_threefry_partitionable", True)
 
@@ -39,9 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"hopperjax: config error: {e}", file=sys.stderr)
         return 2
+    except (CheckpointError, MetricsFileError) as e:
+        print(f"hopperjax: {e}", file=sys.stderr)
+        return 2
     except FloatingPointError as e:
         print(f"hopperjax: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("hopperjax: aborted (Ctrl-C twice); the run resumes from its last checkpoint")
+        return 130
     return 0
 
 

@@ -106,6 +106,9 @@ def test_random_sampling_needs_eval_batches_and_a_file(corpus, tmp_path):
         _config(corpus, tmp_path, "train.eval_batches=null")
     with pytest.raises(hopperjax.ConfigError, match=r"data.path: file not found: .*nope.txt"):
         _config(tmp_path / "nope.txt", tmp_path)
+    with pytest.raises(hopperjax.ConfigError) as e:
+        _config(tmp_path, tmp_path)
+    assert str(e.value) == f"data.path: a directory, not a text file: {tmp_path}"
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1") * 100)
     bad = _config(tmp_path / "latin1.txt", tmp_path)
     with pytest.raises(hopperjax.ConfigError, match=r"latin1.txt: not UTF-8 at byte 3"):
@@ -168,7 +171,9 @@ def test_a_short_run_logs_step_zero_saves_the_vocabulary_and_samples(corpus, tmp
     other.write_text(TEXT + "Zebra\n")
     with pytest.raises(hopperjax.ConfigError, match="differs from the one") as info:
         hopperjax.train(
-            config.replace(**{"data.path": str(other)}), devices=jax.devices()[:1], console=False
+            config.replace(**{"data.path": str(other), "train.steps": config.train.steps + 5}),
+            devices=jax.devices()[:1],
+            console=False,
         )
     assert info.value.key == "data.path"
     assert json.loads((result.run_dir / "vocab.json").read_text())["chars"] == saved

@@ -17,6 +17,11 @@ def test_library_example_runs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert re.search(r"eval loss \d+\.\d+ after 30 steps", out)
     assert (tmp_path / "runs" / "library-demo" / "metrics.jsonl").is_file()
+    # Run again, as a reader would: the finished run is left as it is and prints the same.
+    exec(compile(block, "README.md", "exec"), {})
+    again = capsys.readouterr().out
+    assert "nothing to do" in again
+    assert re.search(r"eval loss \d+\.\d+ after 30 steps", again).group(0) in out
 
 
 def test_ci_runs_the_readme_test_command():

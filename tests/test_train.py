@@ -72,12 +72,19 @@ def test_resume_is_exact(tiny_config, tmp_path):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
 
 
-def test_rerun_of_a_finished_run_does_nothing(tiny_config):
+def test_rerun_of_a_finished_run_does_nothing(tiny_config, capsys):
     config = tiny_config("train.steps=3")
-    hopperjax.train(config, console=False)
-    again = hopperjax.train(config, console=False)
-    assert again.history == []
+    first = hopperjax.train(config, console=False)
+    saved = (first.run_dir / "config.yaml").read_text()
+    assert f"run_dir: {first.run_dir}" in saved  # resolved, never null
+    again = hopperjax.train(tiny_config("train.steps=3", "optim.base_lr=0.5"), console=True)
+    assert "complete at step 3: nothing to do; raise train.steps" in capsys.readouterr().out
+    # The logged history and the final state, and the record of what was run left as it was.
+    assert again.history == first.history
     assert int(again.state.step) == 3
+    for a, b in zip(jax.tree.leaves(first.state), jax.tree.leaves(again.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert (first.run_dir / "config.yaml").read_text() == saved
 
 
 def test_resume_refuses_a_changed_model(tiny_config):

@@ -4,7 +4,14 @@ Sources (``text``, ``molecules``, ``dta_batches``, ``dta_shards``) know their fi
 a workload or the trainer; a workload (``hopperjax/workloads/``) composes them into ``Datasets``.
 """
 
-from hopperjax.data.grain_io import Datasets, ProcessShard, make_iterator
+from hopperjax.data.grain_io import Datasets, ProcessShard, make_iterator, position_problem
 from hopperjax.data.prefetch import DevicePrefetcher, to_global_batch
 
-__all__ = ["Datasets", "DevicePrefetcher", "ProcessShard", "make_iterator", "to_global_batch"]
+__all__ = [
+    "Datasets",
+    "DevicePrefetcher",
+    "ProcessShard",
+    "make_iterator",
+    "position_problem",
+    "to_global_batch",
+]

@@ -70,3 +70,18 @@ def make_iterator(dataset: grain.MapDataset, data: DataConfig) -> grain.DatasetI
             )
         )
     return iter(ds)
+
+
+def position_problem(state: Any, batches_consumed: int) -> str | None:
+    """What is wrong with an iterator state restored after ``batches_consumed`` batches, or None.
+
+    A position past the batches the run has consumed was edited or damaged: resuming from it
+    would silently skip data. (States of other shapes, e.g. with worker processes, pass.)
+    """
+    position = state.get("next_index") if isinstance(state, dict) else None
+    if isinstance(position, int) and not 0 <= position <= batches_consumed:
+        return (
+            f"the data iterator is at batch {position}, but the run has consumed "
+            f"{batches_consumed} batches"
+        )
+    return None

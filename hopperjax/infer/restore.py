@@ -9,6 +9,7 @@ dataset. The model is rebuilt from the run's ``config.yaml``, its variables' sha
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import jax
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from hopperjax import workloads
-from hopperjax.checkpoint import Checkpointer
+from hopperjax.checkpoint import Checkpointer, verify
 from hopperjax.config import Config, ConfigError, load_config
 from hopperjax.parallel import merge_rules
 from hopperjax.precision import policy_from_config
@@ -92,12 +93,25 @@ def restore_params(
         steps = checkpointer.all_steps()
         if not steps:
             raise ConfigError("--run-dir", f"{run_dir / 'checkpoints'} holds no checkpoint")
-        if step is None:
-            step = max(steps)
-        elif step not in steps:
+        if step is not None and step not in steps:
             raise ConfigError(
                 "--step", f"no checkpoint of step {step} in {run_dir} (there are {sorted(steps)})"
             )
+        # The newest checkpoint that verifies (or the one asked for, if it verifies).
+        problems = []
+        for candidate in [step] if step is not None else sorted(steps, reverse=True):
+            problem = verify(checkpointer.directory / str(candidate))
+            if problem is None:
+                step = candidate
+                break
+            problems.append(f"step {candidate}: {problem}")
+        else:
+            raise ConfigError(
+                "--step" if step is not None else "--run-dir",
+                f"no checkpoint in {run_dir} verifies ({'; '.join(problems)})",
+            )
+        for problem in problems:
+            print(f"hopperjax: skipped checkpoint {problem}", file=sys.stderr)
         restored = checkpointer.restore_subtrees(step, wanted)
     finally:
         checkpointer.close()

@@ -9,18 +9,41 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a ``metrics.jsonl`` file, in order."""
+class MetricsFileError(ValueError):
+    """A ``metrics.jsonl`` line that is not JSON before the last line (the file was edited or
+    damaged, not torn by a crash)."""
+
+
+def read_metrics(path: str | Path, *, torn: list[str] | None = None) -> list[dict[str, Any]]:
+    """All records of a ``metrics.jsonl`` file, in order.
+
+    A last line that is not whole JSON (a crash while appending) is dropped; if ``torn`` is a
+    list, a sentence saying so is appended to it.
+
+    Raises:
+      MetricsFileError: an earlier line is not JSON (names the file and line).
+    """
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [(n, line) for n, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    records = []
+    for i, (n, line) in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            if i < len(lines) - 1:
+                raise MetricsFileError(f"{path} line {n} is not a JSON record") from None
+            if torn is not None:
+                torn.append(f"{path} line {n} was cut off mid-record (dropped)")
+    return records
 
 
 def _after_checkpoint(record: dict[str, Any], step: int) -> bool:
@@ -94,9 +117,14 @@ class MetricsWriter:
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / "metrics.jsonl"
         # A fresh start (step 0) keeps nothing: a crashed run's records, step-0 eval included.
+        torn: list[str] = []
         kept = [
-            r for r in read_metrics(path) if resume_step and not _after_checkpoint(r, resume_step)
+            r
+            for r in read_metrics(path, torn=torn)
+            if resume_step and not _after_checkpoint(r, resume_step)
         ]
+        for line in torn:
+            print(f"hopperjax: {line}", file=sys.stderr)
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
         tmp.replace(path)  # Atomic: the old log is whole until the trimmed one replaces it.

@@ -11,9 +11,10 @@ import contextlib
 import dataclasses
 import math
 import signal
+import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,11 @@ import numpy as np
 
 from hopperjax import config as config_lib
 from hopperjax import files
-from hopperjax.checkpoint import Checkpointer
-from hopperjax.config import Config
-from hopperjax.data import DevicePrefetcher, make_iterator
+from hopperjax.checkpoint import Checkpointer, CheckpointError
+from hopperjax.config import Config, ConfigError
+from hopperjax.data import DevicePrefetcher, make_iterator, position_problem
 from hopperjax.memory import host_heap
-from hopperjax.observe import MetricsWriter
+from hopperjax.observe import MetricsWriter, read_metrics
 from hopperjax.observe.flops import Throughput
 from hopperjax.observe.gpu import GpuMonitor, device_memory_stats
 from hopperjax.observe.profile import ProfileWindow, step_annotation
@@ -39,6 +40,11 @@ from hopperjax.trainer.state import TrainState
 # host only syncs at log steps) can deadlock XLA:CPU, whose device threads block in a collective
 # of a later step while an earlier step's participant waits for a thread.
 _MAX_STEPS_AHEAD = 2
+# Metrics logged as their value at the window's end rather than the window's mean.
+_LAST_OF_WINDOW = ("lr", "loss_scale", "skipped_total")
+# Below this the loss scale has halved on every step for a long while: gradients overflow even
+# unscaled, so no update can be applied again; the run stops instead of skipping forever.
+MIN_LOSS_SCALE = 1.0
 
 
 @dataclasses.dataclass
@@ -59,27 +65,32 @@ class TrainResult:
 
 
 class _PreemptionFlag:
-    """Turns SIGTERM into a request to checkpoint and stop at the end of the current step.
+    """Turns SIGTERM, and the first Ctrl-C (SIGINT), into a request to checkpoint and stop at the
+    end of the current step; a second Ctrl-C aborts at once (KeyboardInterrupt)."""
 
-    Known compromise: each process decides alone; agreeing across hosts on the stop step belongs
-    with multi-host support.
-    """
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous = None
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.requested: str | None = None  # the signal's name once one arrived
+        self._say = say
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _PreemptionFlag:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
+        if self.requested is None:
+            self.requested = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            self._say(
+                "hopperjax: Ctrl-C: checkpointing and stopping after this step (again: abort)"
+            )
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
 
 def _summarize(
@@ -94,7 +105,7 @@ def _summarize(
     record: dict[str, Any] = {"step": step}
     for key in fetched[0]:
         values = [float(m[key]) for m in fetched]
-        record[key] = values[-1] if key == "lr" else float(np.mean(values))
+        record[key] = values[-1] if key in _LAST_OF_WINDOW else float(np.mean(values))
     step_time = seconds / len(fetched)
     record["step_time_s"] = step_time
     record.update(throughput.rates(step_time))
@@ -149,37 +160,81 @@ def train(
 ) -> TrainResult:
     """Trains (or resumes) the run that ``config`` describes.
 
+    A run directory already at its end (``train.steps``, or ``train.stop_after``) is left as it
+    is: nothing is compiled or written, and the result holds its final state and its logged
+    history.
+
     Args:
       config: a validated Config (``load_config``).
       devices: devices for the mesh; default all.
       console: print progress lines.
 
     Raises:
-      ConfigError: a value that only turns out bad against the devices or the data.
-      FloatingPointError: the loss became NaN/Inf (names the steps).
+      ConfigError: a value that only turns out bad against the devices, the data or the run
+        directory (another process trains in it, it is not writable, its checkpoints were made
+        by another config).
+      CheckpointError: a checkpoint could not be written, or none verifies.
+      FloatingPointError: the loss, the state or the loss scale became unusable (names the steps
+        and the last good checkpoint).
     """
     run_dir = config.run_path
     primary = jax.process_index() == 0
+    with contextlib.ExitStack() as stack:
+        if primary:  # one process writes the run directory, so one holds its lock
+            try:
+                stack.enter_context(files.exclusive(run_dir))
+            except files.Busy as e:
+                raise ConfigError(
+                    "run_dir",
+                    f"{run_dir} is in use by process {e.pid}; wait for it or use another run_dir",
+                ) from None
+            except OSError as e:
+                raise ConfigError("run_dir", f"cannot write to {run_dir}: {e.strerror}") from None
+        return _train(config, run_dir, devices, console=console, primary=primary)
+
+
+def _train(
+    config: Config,
+    run_dir: Path,
+    devices: Sequence[jax.Device] | None,
+    *,
+    console: bool,
+    primary: bool,
+) -> TrainResult:
     t = config.train
     parts = build_components(config, devices=devices)
+
+    def warn(message: str) -> None:
+        if primary:
+            print(message, file=sys.stderr, flush=True)
+
     checkpointer = Checkpointer(
         run_dir / "checkpoints",
         every=t.checkpoint_every,
         keep=t.keep_checkpoints,
         async_save=t.async_checkpoint,
+        primary=primary,
     )
     with _closing(checkpointer):
+        start = checkpointer.resume_step(info=warn) or 0
         # Every process checks (each would otherwise wait for the others in a collective).
-        check_resumable(config, run_dir, parts.abstract_state, checkpointer)
-        start = checkpointer.latest_step() or 0
+        check_resumable(config, run_dir, parts.abstract_state, checkpointer, start)
+        end = t.stop_after or t.steps
+        if start and start >= end:
+            return _finished(config, run_dir, parts, checkpointer, start, console and primary)
         if primary:
             # Artifacts first: a workload that refuses the data (a vocabulary the checkpoints
             # were not trained with) leaves the run directory as it was.
             parts.workload.write_artifacts(parts.datasets, run_dir, resuming=start > 0)
-            files.write_text(run_dir / "config.yaml", config_lib.dump_yaml(config))
+            resolved = dataclasses.replace(config, run_dir=str(run_dir))
+            files.write_text(run_dir / "config.yaml", config_lib.dump_yaml(resolved))
         train_iterator = make_iterator(parts.datasets.train, config.data)
         if start:
             state, data_state = checkpointer.restore(start, parts.abstract_state)
+            # One batch per step: a position past that was edited, and would skip data.
+            problem = position_problem(data_state, batches_consumed=start)
+            if problem is not None:
+                raise CheckpointError(f"checkpoint step {start} in {run_dir}: {problem}")
             train_iterator.set_state(data_state)
         else:
             state = parts.init_state()
@@ -218,7 +273,7 @@ def train(
                 config.data.device_prefetch,
                 blocks=parts.batch_blocks,
             ),
-            preemption=_PreemptionFlag(),
+            preemption=_PreemptionFlag(say=writer.info),
             profiler=ProfileWindow(
                 run_dir / "profile",
                 start_step=config.profile.start_step,
@@ -238,6 +293,37 @@ def train(
             state, history = _loop(state, start, parts, train_step, eval_step, throughput, effects)
         checkpointer.wait()
     return TrainResult(state=state, run_dir=run_dir, history=history, compile_s=compile_s)
+
+
+def _last_good(checkpointer: Checkpointer) -> str:
+    """Names the checkpoint to go back to, once the saves in flight are on disk."""
+    with contextlib.suppress(CheckpointError):
+        checkpointer.wait()
+    return checkpointer.describe_last_good()
+
+
+def _finished(
+    config: Config,
+    run_dir: Path,
+    parts: Components,
+    checkpointer: Checkpointer,
+    step: int,
+    console: bool,
+) -> TrainResult:
+    """The result of a run directory already at its end; nothing is compiled or written."""
+    t = config.train
+    if step >= t.steps:
+        where, todo = f"complete at step {step}", "raise train.steps to train on"
+    else:
+        where = f"stopped at step {step} (train.stop_after={t.stop_after})"
+        todo = "raise or remove train.stop_after to go on"
+    if console:
+        print(f"hopperjax: {run_dir} is {where}: nothing to do; {todo}, or use a new run_dir")
+    state, _ = checkpointer.restore(step, parts.abstract_state)
+    history = [
+        r for r in read_metrics(run_dir / "metrics.jsonl", torn=[]) if int(r["step"]) <= step
+    ]
+    return TrainResult(state=state, run_dir=run_dir, history=history)
 
 
 def _loop(
@@ -280,9 +366,9 @@ def _loop(
         # Every process must stop at the same step: with several, they agree at log steps only
         # (one tiny collective per window rather than per step).
         if jax.process_count() == 1:
-            preempted = fx.preemption.requested
+            preempted = fx.preemption.requested is not None
         else:
-            preempted = log_step and process_agrees(fx.preemption.requested)
+            preempted = log_step and process_agrees(fx.preemption.requested is not None)
         if log_step or preempted:
             fetched = jax.device_get(window)  # The loop's one device sync per log window.
             record = _summarize(
@@ -292,11 +378,19 @@ def _loop(
                 seconds=time.perf_counter() - window_start,
                 steps_left=end - done,
             )
+            first = step - len(window) + 1
             # With loss scaling a non-finite step is expected now and then: it is skipped.
             if not math.isfinite(record["loss"]) and not parts.policy.loss_scaling:
                 raise FloatingPointError(
-                    f"loss is {record['loss']} in steps {step - len(window) + 1}-{step}; "
-                    f"the last checkpoint is step {fx.checkpointer.latest_step()}"
+                    f"loss is {record['loss']} in steps {first}-{step}; "
+                    f"{_last_good(fx.checkpointer)}"
+                )
+            if record.get("loss_scale", MIN_LOSS_SCALE) < MIN_LOSS_SCALE:
+                raise FloatingPointError(
+                    f"the loss scale fell to {record['loss_scale']:.3g} by step {step} (below "
+                    f"{MIN_LOSS_SCALE:g}): every recent update was skipped for non-finite "
+                    f"gradients ({record['skipped_total']:.0f} skipped in all); "
+                    f"{_last_good(fx.checkpointer)}"
                 )
             if t.sync_every_step:
                 record["step_times_s"] = step_times
@@ -318,7 +412,8 @@ def _loop(
         fx.checkpointer.save(done, state, fx.batches.get_state(), force=stopping)
         if stopping:
             if preempted:
-                fx.writer.info(f"hopperjax: SIGTERM: checkpointed step {done} and stopped")
+                name = fx.preemption.requested or "a peer's signal"
+                fx.writer.info(f"hopperjax: {name}: checkpointed step {done} and stopped")
             break
         if not window:  # Eval and checkpoint time stay out of the step time.
             window_start = time.perf_counter()

@@ -80,12 +80,11 @@ def first_difference(
 
 
 def check_resumable(
-    config: Config, run_dir: Path, abstract_state: Any, checkpointer: Checkpointer
+    config: Config, run_dir: Path, abstract_state: Any, checkpointer: Checkpointer, step: int
 ) -> None:
-    """Raises ConfigError (naming the key) if ``config`` cannot resume ``run_dir``'s newest
-    checkpoint; does nothing for a run directory without checkpoints."""
-    step = checkpointer.latest_step()
-    if step is None:
+    """Raises ConfigError (naming the key) if ``config`` cannot resume ``run_dir``'s checkpoint
+    of ``step``; does nothing for step 0 (a fresh start)."""
+    if not step:
         return
     saved_config = run_dir / "config.yaml"
     now = flatten(config_lib.to_dict(config))
