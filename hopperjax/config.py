@@ -188,7 +188,8 @@ class DistributedConfig:
     ``auto`` lets JAX detect SLURM, Open MPI or Kubernetes from the environment; otherwise give the
     coordinator (process 0's ``host:port``), the process count and this process's id.
     ``coordinator_address``: a hostname, a dotted-quad IPv4 address or a bracketed IPv6 address
-    (``[::1]:1234``), and a port in 1..65535.
+    (``[::1]:1234``), and a port in 1..65535. ``heartbeat_timeout_s``: a process that has not
+    been heard from for this long counts as lost, and the others stop (JAX's default is 100 s).
     """
 
     auto: bool = False
@@ -196,6 +197,7 @@ class DistributedConfig:
     num_processes: int | None = None
     process_id: int | None = None
     initialization_timeout_s: int = 300
+    heartbeat_timeout_s: int = 30
 
     @property
     def enabled(self) -> bool:
@@ -795,6 +797,7 @@ def validate(config: Config) -> None:
                 f"expected 0 <= id < {dist.num_processes}, got {dist.process_id}",
             )
     _positive("distributed.initialization_timeout_s", dist.initialization_timeout_s)
+    _positive("distributed.heartbeat_timeout_s", dist.heartbeat_timeout_s)
     cls.validate_config(config)
 
 

@@ -38,6 +38,8 @@ def run_cli(
         (["workload=lmm"], "unknown workload 'lmm'; did you mean 'lm'?"),  # unknown workload
         # a mesh axis that does not divide what it shards (4 heads over 8 tensor shards)
         (["mesh.data=1", "mesh.tensor=8", "model.n_heads=4"], "mesh.tensor"),
+        # a state far larger than the device: refused from the compiled step, before allocating
+        (["model.max_len=100000000000", "model.positions=learned"], "GiB per device"),
     ],
     ids=[
         "unknown-key",
@@ -47,6 +49,7 @@ def run_cli(
         "missing-file",
         "unknown-workload",
         "mesh-indivisible",
+        "model-too-large",
     ],
 )
 def test_bad_config_exits_2_with_one_line(overrides, key, tmp_path):

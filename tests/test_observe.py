@@ -406,3 +406,16 @@ def test_device_memory_stats(monkeypatch):
         "dev0_peak_bytes_in_use_gib": 2.0,
         "dev0_bytes_limit_gib": 4.0,
     }
+
+
+def test_each_precision_is_measured_against_its_own_peak():
+    """The README's promise: fp32 (true fp32 GEMMs) against the fp32 peak, tf32 against TF32."""
+    from types import SimpleNamespace
+
+    from hopperjax.observe.flops import peak_tflops
+    from hopperjax.precision import PEAK_DTYPE
+
+    h100 = SimpleNamespace(device_kind="NVIDIA H100 80GB HBM3")
+    assert peak_tflops(h100, PEAK_DTYPE["fp32"]) == (66.9, "datasheet H100 SXM fp32")
+    assert peak_tflops(h100, PEAK_DTYPE["tf32"]) == (494.7, "datasheet H100 SXM tf32")
+    assert peak_tflops(h100, PEAK_DTYPE["bf16"])[0] == 989.4

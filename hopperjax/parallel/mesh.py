@@ -31,14 +31,18 @@ def initialize_distributed(config: DistributedConfig) -> bool:
     """
     if not config.enabled:
         return False
+    timeouts = {
+        "initialization_timeout": config.initialization_timeout_s,
+        "heartbeat_timeout_seconds": config.heartbeat_timeout_s,
+    }
     if config.auto:
-        jax.distributed.initialize(initialization_timeout=config.initialization_timeout_s)
+        jax.distributed.initialize(**timeouts)
     else:
         jax.distributed.initialize(
             coordinator_address=config.coordinator_address,
             num_processes=config.num_processes,
             process_id=config.process_id,
-            initialization_timeout=config.initialization_timeout_s,
+            **timeouts,
         )
     return True
 

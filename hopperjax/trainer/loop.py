@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import signal
 import sys
 import threading
@@ -26,7 +27,7 @@ from hopperjax import files
 from hopperjax.checkpoint import Checkpointer, CheckpointError
 from hopperjax.config import Config, ConfigError
 from hopperjax.data import DevicePrefetcher, make_iterator, position_problem
-from hopperjax.memory import host_heap
+from hopperjax.memory import budget, host_heap
 from hopperjax.observe import MetricsWriter, read_metrics
 from hopperjax.observe.flops import Throughput
 from hopperjax.observe.gpu import GpuMonitor, device_memory_stats
@@ -228,6 +229,11 @@ def _train(
             parts.workload.write_artifacts(parts.datasets, run_dir, resuming=start > 0)
             resolved = dataclasses.replace(config, run_dir=str(run_dir))
             files.write_text(run_dir / "config.yaml", config_lib.dump_yaml(resolved))
+        compile_start = time.perf_counter()
+        train_step = parts.lower_train_step().compile()
+        eval_step = parts.lower_eval_step().compile()
+        compile_s = time.perf_counter() - compile_start
+        _check_fits(train_step, parts.mesh.devices.flat[0])  # before anything is allocated
         train_iterator = make_iterator(parts.datasets.train, config.data)
         if start:
             state, data_state = checkpointer.restore(start, parts.abstract_state)
@@ -238,10 +244,6 @@ def _train(
             train_iterator.set_state(data_state)
         else:
             state = parts.init_state()
-        compile_start = time.perf_counter()
-        train_step = parts.lower_train_step().compile()
-        eval_step = parts.lower_eval_step().compile()
-        compile_s = time.perf_counter() - compile_start
         heap = host_heap.keep_step_memory(
             t.host_heap_pad_mib, compiled_steps=(train_step, eval_step)
         )
@@ -293,6 +295,23 @@ def _train(
             state, history = _loop(state, start, parts, train_step, eval_step, throughput, effects)
         checkpointer.wait()
     return TrainResult(state=state, run_dir=run_dir, history=history, compile_s=compile_s)
+
+
+def _check_fits(train_step: Any, device: jax.Device) -> None:
+    """Raises ConfigError when the compiled step needs more memory than a device has (on CPU,
+    the host's RAM shared by its devices), before the state is created."""
+    needed = budget.compiled_memory(train_step).get("peak_estimate_bytes")
+    capacity = budget.device_capacity_bytes(device)
+    if capacity is None and device.platform == "cpu":
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        capacity = ram // jax.local_device_count()
+    if needed and capacity and needed > capacity:
+        raise ConfigError(
+            "model",
+            f"the compiled train step needs {needed / 2**30:,.1f} GiB per device and a "
+            f"{device.device_kind} device has {capacity / 2**30:,.1f} GiB; use a smaller model or "
+            f"batch, shard the state (mesh.fsdp), or remat / offload",
+        )
 
 
 def _last_good(checkpointer: Checkpointer) -> str:
