@@ -309,3 +309,19 @@ def test_an_iterator_position_past_the_data_consumed_is_refused(tiny_config):
     checkpoint_lib.write_manifest(step_dir)  # edited by hand, manifest and all
     with pytest.raises(CheckpointError, match="the data iterator is at batch 1000000000"):
         hopperjax.train(_config(tiny_config), console=False)
+
+
+def test_only_the_newest_keep_checkpoints_are_kept_and_all_verify(tiny_config):
+    config = _config(tiny_config, "train.keep_checkpoints=2")
+    hopperjax.train(config, console=False)
+    assert _steps(config.run_path) == [6, 8]
+    for step in (6, 8):
+        assert checkpoint_lib.verify(config.run_path / "checkpoints" / str(step)) is None
+
+
+def test_a_changed_optimizer_is_refused_by_name_on_resume(tiny_config):
+    config = _config(tiny_config, "train.stop_after=4")
+    hopperjax.train(config, console=False)
+    with pytest.raises(ConfigError, match="changed from 'adamw' to 'sgd'") as info:
+        hopperjax.train(_config(tiny_config, "optim.name=sgd"), console=False)
+    assert info.value.key == "optim.name"

@@ -106,9 +106,8 @@ def finish(run_dir: Path, attempts: int = 4) -> subprocess.CompletedProcess:
     return done
 
 
-def kill_trial(work: Path, rng: random.Random, reference: dict[int, float], n: int) -> str | None:
+def kill_trial(work: Path, how: str, rng: random.Random, reference, n: int) -> str | None:
     run_dir = work / f"kill-{n}"
-    how = rng.choice(["SIGTERM", "SIGKILL", "SIGINT", "SIGINT twice"])
     proc = subprocess.Popen(
         cli(run_dir), cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -217,8 +216,8 @@ BAD_OVERRIDES = [
     ["seed=-1"],
     ["seed=4294967296"],
     ["train.steps=2147483648"],
-    ["distributed.enabled=true", "distributed.coordinator_address=localhost"],
-    ["distributed.enabled=true", "distributed.coordinator_address=256.1.1.1:99999"],
+    ["distributed.coordinator_address=localhost"],
+    ["distributed.coordinator_address=256.1.1.1:99999"],
     ["mesh.data=1", "mesh.tensor=8", "model.n_heads=4"],
     ["model={n_layrs: 1}"],
     ["trian.steps=5"],
@@ -285,7 +284,8 @@ def main() -> int:
     reference = losses(reference_dir)
 
     for n in range(args.kills):
-        record("kills", f"trial {n}", kill_trial(work, rng, reference, n))
+        how = rng.choice(["SIGTERM", "SIGKILL", "SIGINT", "SIGINT twice"])
+        record("kills", f"trial {n}: {how}", kill_trial(work, how, rng, reference, n))
 
     stopped = work / "stopped"
     done = run(cli(stopped, "train.stop_after=12"))

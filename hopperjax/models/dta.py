@@ -24,6 +24,10 @@ from hopperjax.models import layers
 from hopperjax.models.transformer import StackConfig, scanned_blocks
 from hopperjax.precision import Policy
 
+# Logical axis of the character-vocabulary rows: a few dozen rows (not a multiple of any mesh
+# axis), replicated by the DTA workload's axis rules rather than sharded like a word vocabulary.
+CHARS = "chars"
+
 CNN_WIDTHS = (1, 2, 3)  # DeepDTA: filters, 2x and 3x filters in the three convolutions
 
 
@@ -118,7 +122,7 @@ class ConvEncoder(nn.Module):
         x = layers.embed(
             self.vocab_size,
             self.config.embed_dim,
-            axes=("vocab", "embed"),
+            axes=(CHARS, "embed"),
             policy=self.policy,
             std=self.config.init_std,
             name="embed",
@@ -156,7 +160,7 @@ class TransformerEncoder(nn.Module):
         x = layers.embed(
             self.vocab_size,
             cfg.d_model,
-            axes=("vocab", "embed"),
+            axes=(CHARS, "embed"),
             policy=self.policy,
             std=cfg.init_std,
             name="embed",

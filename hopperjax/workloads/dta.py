@@ -463,6 +463,10 @@ class AffinityRegression(Workload):
             "eval_pairs": float(keep.sum()),
         }
 
+    def axis_rules(self) -> tuple[tuple[str, None], ...]:
+        # The SMILES and amino-acid vocabularies (a few dozen rows) stay whole on every device.
+        return ((dta_model.CHARS, None),)
+
     def model_flops_per_step(self, batch_size: int, datasets: Datasets | None) -> float:
         fields = self.batch_fields(batch_size, datasets)
         return dta_model.train_flops_per_step(
