@@ -9,6 +9,7 @@ import collections
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,11 +63,39 @@ def _losses(result) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in result.history if "loss" in r}
 
 
-def test_a_non_finite_state_is_never_checkpointed_and_the_error_names_the_last_good_one(
-    tiny_config,
-):
-    config = _config(tiny_config, "train.stop_after=4")
+@pytest.fixture(scope="module")
+def stopped_template(tmp_path_factory) -> Path:
+    """A run stopped at step 4 (checkpoints 2 and 4), trained once and copied by each test."""
+    run_dir = tmp_path_factory.mktemp("stopped") / "run"
+    config = hopperjax.load_config(
+        REPO / "configs" / "quickstart.yaml",
+        [*TINY, *STEPS, "train.stop_after=4", f"run_dir={run_dir}"],
+    )
     hopperjax.train(config, console=False)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def straight_losses(tmp_path_factory) -> dict[int, float]:
+    """The losses of the same run, uninterrupted."""
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    config = hopperjax.load_config(
+        REPO / "configs" / "quickstart.yaml", [*TINY, *STEPS, f"run_dir={run_dir}"]
+    )
+    return _losses(hopperjax.train(config, console=False))
+
+
+def _stopped(tiny_config, template: Path):
+    """This test's copy of the stopped run; its config (run_dir: the copy)."""
+    config = _config(tiny_config, "train.stop_after=4")
+    shutil.copytree(template, config.run_path)
+    return config
+
+
+def test_a_non_finite_state_is_never_checkpointed_and_the_error_names_the_last_good_one(
+    tiny_config, stopped_template
+):
+    config = _stopped(tiny_config, stopped_template)
     run_dir = config.run_path
     # Saves every 2 steps, NaN checks of the loss only every 50: the state check at save time
     # is what stops it.
@@ -123,13 +152,10 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", DAMAGE)
-def test_a_damaged_checkpoint_is_detected_and_the_previous_one_resumes(tiny_config, damage, capfd):
-    config = _config(tiny_config, "train.stop_after=4")
-    straight = hopperjax.train(
-        _config(tiny_config, f"run_dir={config.run_path}-straight"), console=False
-    )
-    hopperjax.train(config, console=False)
-    run_dir = config.run_path
+def test_a_damaged_checkpoint_is_detected_and_the_previous_one_resumes(
+    tiny_config, stopped_template, straight_losses, damage, capfd
+):
+    run_dir = _stopped(tiny_config, stopped_template).run_path
     DAMAGE[damage](run_dir / "checkpoints" / "4")
     resumed = hopperjax.train(_config(tiny_config), console=False)
     err = capfd.readouterr().err
@@ -137,15 +163,14 @@ def test_a_damaged_checkpoint_is_detected_and_the_previous_one_resumes(tiny_conf
     assert (run_dir / "checkpoints.damaged" / "4").is_dir()
     # Back at step 2, the run continues exactly as the uninterrupted one.
     assert sorted(_losses(resumed)) == [2, 3, 4, 5, 6, 7]
-    expected = _losses(straight)
+    expected = straight_losses
     np.testing.assert_allclose(
         [_losses(resumed)[s] for s in range(2, 8)], [expected[s] for s in range(2, 8)], rtol=1e-6
     )
 
 
-def test_no_checkpoint_that_verifies_is_one_line_and_moves_nothing(tiny_config):
-    config = _config(tiny_config, "train.stop_after=4")
-    hopperjax.train(config, console=False)
+def test_no_checkpoint_that_verifies_is_one_line_and_moves_nothing(tiny_config, stopped_template):
+    config = _stopped(tiny_config, stopped_template)
     run_dir = config.run_path
     for step in (2, 4):
         _flip_bits(_largest_file(run_dir / "checkpoints" / str(step)))
@@ -156,9 +181,8 @@ def test_no_checkpoint_that_verifies_is_one_line_and_moves_nothing(tiny_config):
     assert _steps(run_dir) == [2, 4] and not (run_dir / "checkpoints.damaged").exists()
 
 
-def test_restore_params_passes_over_a_damaged_checkpoint(tiny_config, capfd):
-    config = _config(tiny_config, "train.stop_after=4")
-    hopperjax.train(config, console=False)
+def test_restore_params_passes_over_a_damaged_checkpoint(tiny_config, stopped_template, capfd):
+    config = _stopped(tiny_config, stopped_template)
     _flip_bits(_largest_file(config.run_path / "checkpoints" / "4"))
     restored = hopperjax.restore_params(config.run_path)
     assert restored.step == 2
@@ -206,9 +230,10 @@ def test_a_save_that_fails_in_the_background_is_one_line(tiny_config, tmp_path, 
         subprocess.run(["umount", str(mount)])
 
 
-def test_a_torn_last_metrics_line_is_dropped_and_an_edited_one_is_named(tiny_config, capfd):
-    config = _config(tiny_config, "train.stop_after=4")
-    hopperjax.train(config, console=False)
+def test_a_torn_last_metrics_line_is_dropped_and_an_edited_one_is_named(
+    tiny_config, stopped_template, capfd
+):
+    config = _stopped(tiny_config, stopped_template)
     metrics = config.run_path / "metrics.jsonl"
     with metrics.open("a") as f:
         f.write('{"step": 4, "loss": 1.2')  # a crash mid-append
@@ -299,9 +324,8 @@ def test_ctrl_c_checkpoints_and_stops_and_a_second_one_aborts(tmp_path):
     assert "Traceback" not in (tmp_path / "err.txt").read_text()
 
 
-def test_an_iterator_position_past_the_data_consumed_is_refused(tiny_config):
-    config = _config(tiny_config, "train.stop_after=4")
-    hopperjax.train(config, console=False)
+def test_an_iterator_position_past_the_data_consumed_is_refused(tiny_config, stopped_template):
+    config = _stopped(tiny_config, stopped_template)
     step_dir = config.run_path / "checkpoints" / "4"
     (state_file,) = (step_dir / "data").glob("*.json")
     assert json.loads(state_file.read_text()) == {"next_index": 4}
@@ -319,9 +343,8 @@ def test_only_the_newest_keep_checkpoints_are_kept_and_all_verify(tiny_config):
         assert checkpoint_lib.verify(config.run_path / "checkpoints" / str(step)) is None
 
 
-def test_a_changed_optimizer_is_refused_by_name_on_resume(tiny_config):
-    config = _config(tiny_config, "train.stop_after=4")
-    hopperjax.train(config, console=False)
+def test_a_changed_optimizer_is_refused_by_name_on_resume(tiny_config, stopped_template):
+    _stopped(tiny_config, stopped_template)
     with pytest.raises(ConfigError, match="changed from 'adamw' to 'sgd'") as info:
         hopperjax.train(_config(tiny_config, "optim.name=sgd"), console=False)
     assert info.value.key == "optim.name"
