@@ -156,6 +156,26 @@ def verify(step_dir: Path) -> str | None:
     return None
 
 
+def newest_verified(directory: Path, steps: list[int]) -> tuple[int | None, list[tuple[int, str]]]:
+    """The newest of ``steps`` whose step directory verifies (None: none does), and what is wrong
+    with each newer one, newest first."""
+    problems = []
+    for step in sorted(steps, reverse=True):
+        problem = verify(Path(directory) / str(step))
+        if problem is None:
+            return step, problems
+        problems.append((step, problem))
+    return None, problems
+
+
+def _barrier(name: str) -> None:
+    """Every process waits here (nothing to wait for in a single-process run)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 @jax.jit
 def _all_finite(state: Any) -> jax.Array:
     leaves = [
@@ -243,25 +263,18 @@ class Checkpointer:
         Raises:
           CheckpointError: there are checkpoints but none verifies (nothing is moved).
         """
-        steps = sorted(self.all_steps(), reverse=True)
-        problems = []
-        for step in steps:
-            problem = verify(self._directory / str(step))
-            if problem is None:
-                break
-            problems.append((step, problem))
-        else:
-            if not steps:
+        step, problems = newest_verified(self._directory, self.all_steps())
+        if step is None:
+            if not problems:
                 return None
             said = "; ".join(f"step {s}: {p}" for s, p in problems)
             raise CheckpointError(
                 f"no checkpoint in {self._directory} verifies ({said}); move them away to start "
                 f"over, or use a new run_dir"
             )
-        if problems and jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
-            multihost_utils.sync_global_devices("hopperjax: checkpoints verified")
+        if not problems:
+            return step
+        _barrier("hopperjax: checkpoints verified")
         for bad, problem in problems:
             info(
                 f"hopperjax: checkpoint step {bad} is damaged: {problem}; moved to "
@@ -275,12 +288,8 @@ class Checkpointer:
                     n += 1
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(self._directory / str(bad), target)
-        if problems:
-            if jax.process_count() > 1:
-                from jax.experimental import multihost_utils
-
-                multihost_utils.sync_global_devices("hopperjax: damaged checkpoints moved")
-            self._manager.reload()
+        _barrier("hopperjax: damaged checkpoints moved")
+        self._manager.reload()
         return step
 
     def save(self, step: int, state: Any, data_state: Any, *, force: bool = False) -> bool:

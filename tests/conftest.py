@@ -18,6 +18,7 @@ import jax
 import pytest
 
 import hopperjax
+from hopperjax import workloads
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,18 +36,13 @@ jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
-# A model small enough that a train() call compiles and runs in seconds on 2 cores.
+# A model small enough that a train() call compiles and runs in seconds on 2 cores: the LM
+# workload's own smoke shapes, and a short run.
 TINY = [
-    "model.d_model=32",
-    "model.n_layers=2",
-    "model.n_heads=2",
-    "model.max_len=32",
-    "data.seq_len=32",
-    "train.batch_size=16",
+    *workloads.get("lm").smoke_overrides,
     "train.steps=20",
     "train.log_every=1",
     "train.eval_every=10",
-    "train.eval_batches=2",
     "train.checkpoint_every=10",
     "optim.warmup_steps=2",
 ]

@@ -18,7 +18,7 @@ import jax
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from hopperjax import workloads
-from hopperjax.checkpoint import Checkpointer, verify
+from hopperjax.checkpoint import Checkpointer, newest_verified
 from hopperjax.config import Config, ConfigError, load_config
 from hopperjax.parallel import merge_rules
 from hopperjax.precision import policy_from_config
@@ -98,20 +98,18 @@ def restore_params(
                 "--step", f"no checkpoint of step {step} in {run_dir} (there are {sorted(steps)})"
             )
         # The newest checkpoint that verifies (or the one asked for, if it verifies).
-        problems = []
-        for candidate in [step] if step is not None else sorted(steps, reverse=True):
-            problem = verify(checkpointer.directory / str(candidate))
-            if problem is None:
-                step = candidate
-                break
-            problems.append(f"step {candidate}: {problem}")
-        else:
+        asked = step
+        step, problems = newest_verified(
+            checkpointer.directory, [asked] if asked is not None else steps
+        )
+        if step is None:
+            said = "; ".join(f"step {s}: {p}" for s, p in problems)
             raise ConfigError(
-                "--step" if step is not None else "--run-dir",
-                f"no checkpoint in {run_dir} verifies ({'; '.join(problems)})",
+                "--step" if asked is not None else "--run-dir",
+                f"no checkpoint in {run_dir} verifies ({said})",
             )
-        for problem in problems:
-            print(f"hopperjax: skipped checkpoint {problem}", file=sys.stderr)
+        for bad, problem in problems:
+            print(f"hopperjax: skipped checkpoint step {bad}: {problem}", file=sys.stderr)
         restored = checkpointer.restore_subtrees(step, wanted)
     finally:
         checkpointer.close()
