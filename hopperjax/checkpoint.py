@@ -415,7 +415,12 @@ class Checkpointer:
 
         Returns:
           (train state, data iterator state)
+
+        Raises:
+          CheckpointError: the checkpoint was written by another number of processes (each
+            process restores its own data-iterator position, which another count cannot map).
         """
+        self._check_process_count(step)
         restored = self._manager.restore(
             step,
             args=ocp.args.Composite(
@@ -426,6 +431,19 @@ class Checkpointer:
             ),
         )
         return restored["state"], restored["data"]
+
+    def _check_process_count(self, step: int) -> None:
+        data_dir = self._directory / str(step) / "data"
+        counts = {p.stem.rsplit("-of-", 1)[-1] for p in data_dir.glob("process_*-of-*.json")}
+        here = str(jax.process_count())
+        if counts and here not in counts:
+            written = ", ".join(sorted(counts))
+            raise CheckpointError(
+                f"checkpoint step {step} in {self._directory} was written by {written} "
+                f"process(es) and this run has {here}: each process resumes its own data "
+                f"position, so resume with {written} process(es), or start a new run_dir "
+                f"(hopperjax.restore_params reads the parameters on any process count)"
+            )
 
     def wait(self) -> None:
         """Blocks until every started save is on disk with its manifest.

@@ -190,6 +190,8 @@ class DistributedConfig:
     ``coordinator_address``: a hostname, a dotted-quad IPv4 address or a bracketed IPv6 address
     (``[::1]:1234``), and a port in 1..65535. ``heartbeat_timeout_s``: a process that has not
     been heard from for this long counts as lost, and the others stop (JAX's default is 100 s).
+    ``supervise``: the CLI trains in a child process and reports a lost peer as one line (exit 3)
+    instead of JAX's native abort (``hopperjax.supervise``); false runs in the CLI's own process.
     """
 
     auto: bool = False
@@ -198,6 +200,7 @@ class DistributedConfig:
     process_id: int | None = None
     initialization_timeout_s: int = 300
     heartbeat_timeout_s: int = 30
+    supervise: bool = True
 
     @property
     def enabled(self) -> bool:

@@ -2,7 +2,8 @@
 
 Exit codes: 0 done; 1 the training diverged (NaN/Inf: one line naming the steps and the last good
 checkpoint); 2 a bad input (config key, data file, run directory, checkpoint), one line;
-130 aborted by a second Ctrl-C (the first one checkpoints and stops).
+3 a multi-process job lost a process or its coordinator (one line naming it; restart every process
+to resume); 130 aborted by a second Ctrl-C (the first one checkpoints and stops).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import jax
 
+from hopperjax import supervise
 from hopperjax.checkpoint import CheckpointError
 from hopperjax.config import ConfigError, load_config
 from hopperjax.observe.metrics import MetricsFileError
@@ -41,6 +43,19 @@ def main(argv: list[str] | None = None) -> int:
         help="dotted overrides, e.g. train.steps=200 mesh.data=8 precision=bf16",
     )
     args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"hopperjax: config error: {e}", file=sys.stderr)
+        return 2
+    dist = config.distributed
+    if dist.enabled and dist.supervise and not supervise.is_supervised_child():
+        own_args = sys.argv[1:] if argv is None else argv
+        return supervise.run(
+            [sys.executable, "-m", "hopperjax.train", *own_args],
+            coordinator=str(dist.coordinator_address or "auto"),
+            heartbeat_timeout_s=dist.heartbeat_timeout_s,
+        )
     # orbax logs a failed background save as several tracebacks, and its writer threads may then
     # call into a closed event loop; the loop reports the failure as one line.
     logging.getLogger("absl").addFilter(_not_orbax_errors)
@@ -52,7 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     from hopperjax.trainer import train
 
     try:
-        config = load_config(args.config, args.overrides)
         if config.distributed.enabled:
             # Cross-process collectives on CPU hosts go through gloo (GPUs use NCCL regardless).
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
