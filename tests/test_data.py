@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import random
 import threading
@@ -256,8 +257,25 @@ def test_iterator_state_round_trip(text_config):
         _assert_batches_equal(third, fourth)
 
 
+def _reader_pid(index):
+    return np.int64(os.getpid())
+
+
 def test_worker_process_yields_same_batches(text_config):
-    """data.workers=1 (a grain worker process) yields the same first 4 batches as workers=0."""
+    """data.workers=1 reads in a grain worker process (another pid than this one; workers=0
+    reads here) and yields the same first 4 batches as workers=0."""
+    import grain
+
+    pids = grain.MapDataset.range(4).map(_reader_pid)
+    for workers, here in ((0, True), (1, False)):
+        iterator = make_iterator(pids, text_config(f"data.workers={workers}").data)
+        try:
+            read_by = {int(next(iterator)) for _ in range(4)}
+        finally:
+            if hasattr(iterator, "close"):
+                iterator.close()
+        assert (read_by == {os.getpid()}) == here, (workers, read_by)
+
     in_process = text_config("data.workers=0")
     with_worker = text_config("data.workers=1")
     train = build_datasets(in_process, ProcessShard(0, 1)).train

@@ -191,7 +191,7 @@ def test_microbatches_must_split_the_batch_evenly(tiny_config):
 
 
 def test_offload_trains_with_the_same_losses_and_resumes(tiny_config, tmp_path):
-    common = ("train.steps=6", "train.eval_every=6", "train.checkpoint_every=3")
+    common = ("train.stop_after=6", "train.eval_every=6", "train.checkpoint_every=3")
     plain = hopperjax.train(tiny_config(*common), console=False)
     moved = tiny_config(
         *common,

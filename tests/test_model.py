@@ -150,6 +150,35 @@ def test_scanned_block_params_have_leading_layers_axis():
             assert "layers" not in box.names, (name, _path_str(path))
 
 
+def test_scan_unroll_gives_the_numbers_of_unroll_one():
+    """model.scan_unroll changes how the layer loop is compiled, not what it computes: same
+    parameters (same shapes and init), same logits and gradients within float32 rounding (the
+    unrolled body may fuse differently). 2 layers unrolled 2: no loop left."""
+    rolled = TINY
+    unrolled = dataclasses.replace(rolled, scan_unroll=2)
+    tokens = _tokens(rolled)
+    results, loops = [], []
+    for config in (rolled, unrolled):
+        model, variables, _ = _init(config)
+
+        def loss(params, model=model, variables=variables):
+            logits = model.apply({**variables, "params": params}, tokens)
+            return jnp.mean(jax.nn.logsumexp(logits, axis=-1)), logits
+
+        step = jax.jit(jax.value_and_grad(loss, has_aux=True))
+        (_, logits), grads = step(variables["params"])
+        results.append((variables["params"], logits, grads))
+        loops.append(step.lower(variables["params"]).as_text().count("stablehlo.while"))
+    assert loops[0] > 0 and loops[1] < loops[0], loops  # the knob reached the compiled loop
+    (params_a, logits_a, grads_a), (params_b, logits_b, grads_b) = results
+    for a, b in zip(jax.tree.leaves(params_a), jax.tree.leaves(params_b), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_allclose(logits_b, logits_a, rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b), strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-7)
+    assert float(jnp.abs(logits_a).max()) > 0.01  # a real signal, not all zeros
+
+
 # ------------------------------------------------------------------------------------------------
 # Parameter counts
 

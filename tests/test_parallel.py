@@ -102,13 +102,11 @@ def test_each_layout_has_the_collectives_it_needs_and_no_others():
 
 def test_checkpoint_restores_across_mesh_shapes(tmp_path):
     straight = hopperjax.train(
-        config(tmp_path / "a", "train.steps=6", "mesh.data=8"), console=False
+        config(tmp_path / "a", "train.stop_after=6", "mesh.data=8"), console=False
     )
     run_dir = tmp_path / "b"
-    saved = hopperjax.train(
-        config(run_dir, "train.steps=6", "train.stop_after=4", "mesh.data=8"), console=False
-    )
-    moved = config(run_dir, "train.steps=6", "mesh.data=1", "mesh.fsdp=4", "mesh.tensor=2")
+    saved = hopperjax.train(config(run_dir, "train.stop_after=4", "mesh.data=8"), console=False)
+    moved = config(run_dir, "train.stop_after=6", "mesh.data=1", "mesh.fsdp=4", "mesh.tensor=2")
     parts = build_components(moved)
     checkpointer = Checkpointer(run_dir / "checkpoints", every=100, keep=2)
     restored, _ = checkpointer.restore(4, parts.abstract_state)

@@ -35,7 +35,7 @@ def test_bf16_forward_matches_fp32_within_bf16_rounding(tiny_config):
 
 def test_bf16_run_trains_with_fp32_state(tiny_config):
     result = hopperjax.train(
-        tiny_config("precision=bf16", "train.steps=10", "train.eval_every=10"), console=False
+        tiny_config("precision=bf16", "train.stop_after=10", "train.eval_every=10"), console=False
     )
     losses = [r["loss"] for r in result.history if "loss" in r]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
@@ -111,7 +111,7 @@ def test_fp8_and_loss_scale_state_evolve_and_resume_exactly(tiny_config, tmp_pat
         "loss_scale.enabled=true",
         "loss_scale.growth_interval=2",
         "fp8.amax_history_length=8",
-        "train.steps=6",
+        "train.stop_after=6",
         "train.eval_every=100",
     ]
     straight = hopperjax.train(tiny_config(*overrides, f"run_dir={tmp_path / 'a'}"), console=False)
@@ -124,12 +124,16 @@ def test_fp8_and_loss_scale_state_evolve_and_resume_exactly(tiny_config, tmp_pat
         tiny_config(*overrides, "train.stop_after=3", f"run_dir={tmp_path / 'b'}"), console=False
     )
     resumed = hopperjax.train(tiny_config(*overrides, f"run_dir={tmp_path / 'b'}"), console=False)
-    for a, b in zip(
-        jax.tree.leaves((straight.state.fp8, straight.state.loss_scale)),
-        jax.tree.leaves((resumed.state.fp8, resumed.state.loss_scale)),
-        strict=True,
-    ):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # Every leaf of the state (step, params, optimizer, FP8 histories and scales, loss scale):
+    # the resumed run ends bit for bit where the uninterrupted one does.
+    paths_a, _ = jax.tree_util.tree_flatten_with_path(straight.state)
+    paths_b, _ = jax.tree_util.tree_flatten_with_path(resumed.state)
+    assert [p for p, _ in paths_a] == [p for p, _ in paths_b]
+    assert len(paths_a) > 20
+    for (path, a), (_, b) in zip(paths_a, paths_b, strict=True):
+        np.testing.assert_array_equal(
+            np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path)
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,8 +162,9 @@ def test_te_backend_trains(tiny_config):
 
 
 def test_policies_reach_the_fp32_eval_loss(tmp_path):
-    """100 steps of the quickstart at half width and depth (the full-size comparison, with step
-    times, is experiments/precision_compare.py; the README quotes it)."""
+    """100 steps of the quickstart at half width and depth, 16 windows of 32 bytes per batch
+    (the full-size comparison, with step times, is experiments/precision_compare.py; the README
+    quotes it). The eval loss falls from ln 256 = 5.5 to about 3.1 in every policy."""
 
     def eval_loss(precision: str) -> float:
         config = hopperjax.load_config(
@@ -169,6 +174,9 @@ def test_policies_reach_the_fp32_eval_loss(tmp_path):
                 "model.d_model=64",
                 "model.n_layers=2",
                 "model.n_heads=2",
+                "model.max_len=32",
+                "data.seq_len=32",
+                "train.batch_size=16",
                 "train.steps=100",
                 "train.eval_every=100",
                 "train.log_every=50",
@@ -179,5 +187,6 @@ def test_policies_reach_the_fp32_eval_loss(tmp_path):
         return [r["eval_loss"] for r in result.history if "eval_loss" in r][-1]
 
     reference = eval_loss("fp32")
+    assert reference < 3.5  # it learned: the comparison is between trained models
     for precision in ("bf16", "fp16", "fp8"):
-        assert eval_loss(precision) == pytest.approx(reference, rel=0.05), precision
+        assert eval_loss(precision) == pytest.approx(reference, rel=0.02), precision

@@ -34,7 +34,7 @@ def _config(run_dir, *overrides):
 
     return hopperjax.load_config(
         REPO / "configs" / "quickstart.yaml",
-        [*TINY, f"run_dir={run_dir}", "train.steps=4", "train.checkpoint_every=2", *overrides],
+        [*TINY, f"run_dir={run_dir}", "train.checkpoint_every=2", *overrides],
     )
 
 
@@ -49,5 +49,7 @@ def test_a_change_of_the_states_structure_is_refused_by_key(run_dir, override, k
 
 def test_changes_that_keep_the_structure_resume(run_dir, tmp_path):
     # bf16 compute keeps fp32 master weights and the same optimizer state: the state fits.
-    result = hopperjax.train(_config(run_dir, "precision=bf16", "train.steps=3"), console=False)
+    result = hopperjax.train(
+        _config(run_dir, "precision=bf16", "train.stop_after=3"), console=False
+    )
     assert [r["step"] for r in result.history if "loss" in r] == [2]

@@ -1,5 +1,7 @@
 """End-to-end training: data-parallel parity, exact resume, LR scaling, NaN guard, preemption."""
 
+import datetime
+import itertools
 import json
 import math
 import os
@@ -42,30 +44,28 @@ def test_eight_devices_match_one_device(tiny_config, tmp_path):
 
 
 def test_resume_is_exact(tiny_config, tmp_path):
-    straight = hopperjax.train(
-        tiny_config("train.steps=40", f"run_dir={tmp_path / 'a'}"), console=False
-    )
+    straight = hopperjax.train(tiny_config(f"run_dir={tmp_path / 'a'}"), console=False)
     resumed_dir = tmp_path / "b"
     first = hopperjax.train(
-        tiny_config("train.steps=40", "train.stop_after=20", f"run_dir={resumed_dir}"),
+        tiny_config("train.stop_after=10", f"run_dir={resumed_dir}"),
         console=False,
     )
-    assert max(train_losses(first.history)) == 19
+    assert max(train_losses(first.history)) == 9
     # A crash after the checkpoint leaves records the resumed run will log again, and maybe a
     # half-written checkpoint directory; neither may leak into the resumed run.
     with (resumed_dir / "metrics.jsonl").open("a") as f:
-        f.write(json.dumps({"step": 22, "loss": 99.0, "lr": 0.0}) + "\n")
-    partial = resumed_dir / "checkpoints" / "30.orbax-checkpoint-tmp-1700000000000000"
+        f.write(json.dumps({"step": 12, "loss": 99.0, "lr": 0.0}) + "\n")
+    partial = resumed_dir / "checkpoints" / "15.orbax-checkpoint-tmp-1700000000000000"
     partial.mkdir()
     (partial / "garbage").write_text("half written")
 
-    second = hopperjax.train(tiny_config("train.steps=40", f"run_dir={resumed_dir}"), console=False)
+    second = hopperjax.train(tiny_config(f"run_dir={resumed_dir}"), console=False)
     a, b = train_losses(straight.history), train_losses(second.history)
-    assert sorted(b) == list(range(20, 40))
+    assert sorted(b) == list(range(10, 20))
     np.testing.assert_allclose([b[s] for s in b], [a[s] for s in b], rtol=1e-6, atol=0)
     logged = [r for r in read_metrics(resumed_dir / "metrics.jsonl") if "loss" in r]
-    assert [r["step"] for r in logged] == list(range(40))
-    np.testing.assert_allclose([r["loss"] for r in logged], [a[s] for s in range(40)], rtol=1e-6)
+    assert [r["step"] for r in logged] == list(range(20))
+    np.testing.assert_allclose([r["loss"] for r in logged], [a[s] for s in range(20)], rtol=1e-6)
     for x, y in zip(
         jax.tree.leaves(straight.state.params), jax.tree.leaves(second.state.params), strict=True
     ):
@@ -73,36 +73,36 @@ def test_resume_is_exact(tiny_config, tmp_path):
 
 
 def test_rerun_of_a_finished_run_does_nothing(tiny_config, capsys):
-    config = tiny_config("train.steps=3")
+    config = tiny_config()
     first = hopperjax.train(config, console=False)
     saved = (first.run_dir / "config.yaml").read_text()
     assert f"run_dir: {first.run_dir}" in saved  # resolved, never null
-    again = hopperjax.train(tiny_config("train.steps=3", "optim.base_lr=0.5"), console=True)
-    assert "complete at step 3: nothing to do; raise train.steps" in capsys.readouterr().out
+    again = hopperjax.train(tiny_config("optim.base_lr=0.5"), console=True)
+    assert "complete at step 20: nothing to do; raise train.steps" in capsys.readouterr().out
     # The logged history and the final state, and the record of what was run left as it was.
     assert again.history == first.history
-    assert int(again.state.step) == 3
+    assert int(again.state.step) == 20
     for a, b in zip(jax.tree.leaves(first.state), jax.tree.leaves(again.state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert (first.run_dir / "config.yaml").read_text() == saved
 
 
 def test_resume_refuses_a_changed_model(tiny_config):
-    hopperjax.train(tiny_config("train.steps=2"), console=False)
+    hopperjax.train(tiny_config("train.stop_after=2"), console=False)
     with pytest.raises(ConfigError) as info:
-        hopperjax.train(tiny_config("train.steps=4", "model.d_model=64"), console=False)
+        hopperjax.train(tiny_config("train.stop_after=4", "model.d_model=64"), console=False)
     assert info.value.key == "model.d_model"
 
 
 def test_resume_refuses_a_change_of_the_optimizer_state_and_allows_a_harmless_one(tiny_config):
     """optim.clip_norm is no run-defining key, but dropping clipping drops its slot from the
     optimizer state, so the checkpoints no longer fit; more steps fit them and resume."""
-    hopperjax.train(tiny_config("train.steps=2", "train.checkpoint_every=1"), console=False)
+    hopperjax.train(tiny_config("train.stop_after=2", "train.checkpoint_every=1"), console=False)
     with pytest.raises(ConfigError, match="does not fit the checkpoints") as info:
-        hopperjax.train(tiny_config("train.steps=2", "optim.clip_norm=null"), console=False)
+        hopperjax.train(tiny_config("train.stop_after=4", "optim.clip_norm=null"), console=False)
     assert info.value.key == "optim.clip_norm"
     assert "optim.clip_norm (1.0 -> None)" in str(info.value)
-    resumed = hopperjax.train(tiny_config("train.steps=4"), console=False)
+    resumed = hopperjax.train(tiny_config("train.stop_after=4"), console=False)
     assert sorted(train_losses(resumed.history)) == [2, 3]
     assert int(resumed.state.step) == 4
 
@@ -111,7 +111,7 @@ def test_linear_lr_scaling_is_what_the_step_uses(tiny_config):
     base_lr, warmup = 1e-3, 2
     result = hopperjax.train(
         tiny_config(
-            "train.steps=4",
+            "train.stop_after=4",
             "train.batch_size=32",
             "optim.base_batch_size=8",
             f"optim.base_lr={base_lr}",
@@ -213,7 +213,10 @@ def test_sigterm_checkpoints_and_stops(tmp_path):
 def test_profile_window_and_throughput_fields(tiny_config):
     result = hopperjax.train(
         tiny_config(
-            "train.steps=6", "profile.start_step=2", "profile.num_steps=2", "train.eval_every=100"
+            "train.stop_after=6",
+            "profile.start_step=2",
+            "profile.num_steps=2",
+            "train.eval_every=100",
         ),
         console=False,
     )
@@ -230,3 +233,59 @@ def test_profile_window_and_throughput_fields(tiny_config):
     assert [r["step"] for r in records if r.get("profiled")] == [2, 3]
     summary = summarize_trace(result.run_dir / "profile")
     assert summary["top_ops"] and summary["window_ms"] > 0
+
+
+def test_logged_norms_skips_eta_and_console_line_say_what_they_name(tiny_config, capsys):
+    """An fp16 run whose first steps overflow (the scale starts far too high), checked against
+    its own checkpoints: param_norm is the norm of the parameters a step leaves, update_norm the
+    norm of what it changed, skipped_total counts the skipped steps, the scale halves on each,
+    eta_s is the steps left times the step time, and each console line shows its record."""
+    config = tiny_config(
+        "precision=fp16",
+        "loss_scale.init_scale=4194304",  # 2^22: steps 0-3 and 5 overflow, the others do not
+        "train.stop_after=8",
+        "train.checkpoint_every=1",
+        "train.keep_checkpoints=8",
+    )
+    result = hopperjax.train(config, console=True)
+    out = capsys.readouterr().out
+    records = [r for r in result.history if "loss" in r]
+    assert [r["step"] for r in records] == list(range(8))
+    skipped = [r["skipped"] for r in records]
+    assert skipped[0] == 1.0 and skipped[-1] == 0.0 and 0.0 in skipped[:-1], skipped
+    assert [r["skipped_total"] for r in records] == list(np.cumsum(skipped))
+    for before, after in itertools.pairwise(records):
+        factor = 0.5 if before["skipped"] else 1.0
+        assert after["loss_scale"] == before["loss_scale"] * factor
+
+    run_dir = result.run_dir
+    params = {s: hopperjax.restore_params(run_dir, s).params for s in range(1, 9)}
+
+    def norm(tree):
+        return float(
+            np.sqrt(sum(np.sum(np.square(x, dtype=np.float64)) for x in jax.tree.leaves(tree)))
+        )
+
+    for r in records:
+        after = params[r["step"] + 1]
+        assert r["param_norm"] == pytest.approx(norm(after), rel=1e-5)
+        if r["step"] > 0:
+            change = jax.tree.map(np.subtract, after, params[r["step"]])
+            if r["skipped"]:
+                assert norm(change) == 0.0
+            else:
+                assert r["update_norm"] == pytest.approx(norm(change), rel=1e-3)
+        assert r["eta_s"] == pytest.approx((8 - (r["step"] + 1)) * r["step_time_s"])
+
+    lines = [line for line in out.splitlines() if line.startswith("step ")]
+    assert len(lines) == len(records)
+    for line, r in zip(lines, records, strict=True):
+        assert line.split(" | ") == [
+            f"step  {r['step']:>6d}/20",
+            f"loss {r['loss']:.4f}",
+            f"lr {r['lr']:.2e}",
+            f"{r['step_time_s'] * 1e3:.1f} ms/step",
+            f"{r['tokens_per_s']:,.0f} tokens/s",
+            f"MFU {r['mfu']:.1%}",
+            f"eta {datetime.timedelta(seconds=round(r['eta_s']))}",
+        ]

@@ -118,7 +118,6 @@ def train_step(
         "loss": loss,
         "lr": schedule(state.step),
         "grad_norm": optax.global_norm(grads),
-        "param_norm": optax.global_norm(params),
         "update_norm": optax.global_norm(updates),
     }
     if state.loss_scale is not None:
@@ -137,6 +136,8 @@ def train_step(
         metrics["loss_scale"] = state.loss_scale.scale
         metrics["skipped"] = (~finite).astype(jnp.float32)
         metrics["skipped_total"] = new_state.loss_scale.skipped.astype(jnp.float32)
+    # Of the parameters the step leaves (a skipped step keeps the old ones).
+    metrics["param_norm"] = optax.global_norm(new_state.params)
     return new_state, metrics
 
 
