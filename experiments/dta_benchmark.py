@@ -10,15 +10,17 @@ a checkpoint at each evaluation), pick the step with the lowest validation MSE, 
 score it once on the test fold. The test fold never takes part in the choice. Folds already in
 ``OUT/results.json`` are kept, so an interrupted benchmark goes on where it stopped (a fold that did
 not finish starts again from scratch: its wall time must be one uninterrupted run). Writes
-``table.md`` (mean +- std of test MSE, CI, rm2, Pearson over the runs, next to DeepDTA's
-published numbers), ``results.json`` and ``scatter.png`` (predicted vs measured pKd of the test
-fold, run 1).
+``table.md`` (mean +- std of test MSE, CI, rm2, Pearson over the runs, next to the published
+numbers of the dataset it ran on, recognized by its shape: Davis or KIBA; none for another; and
+per run its wall time and step time), ``results.json`` and ``scatter.png`` (predicted vs
+measured pKd of the test fold, run 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import shutil
 import sys
 import time
@@ -37,13 +39,60 @@ from hopperjax.checkpoint import Checkpointer
 from hopperjax.data import DevicePrefetcher
 from hopperjax.trainer import build_components
 
-PUBLISHED = {  # Davis, setting 1 (see ../shared/data/davis/SOURCE.md)
-    "DeepDTA (CNN/CNN)": {"mse": 0.261, "ci": 0.878, "rm2": 0.630},
-    "KronRLS": {"mse": 0.379, "ci": 0.871, "rm2": 0.407},
-    "SimBoost": {"mse": 0.282, "ci": 0.872, "rm2": 0.644},
-    "GraphDTA GIN": {"mse": 0.229, "ci": 0.893, "rm2": None},
-    "MSGNN-DTA (best listed)": {"mse": 0.195, "ci": 0.906, "rm2": 0.719},
+# Published test-set figures of DeepDTA's setting 1, per dataset, recognized by its shape (drugs,
+# proteins, measured pairs). Davis: ../shared/data/davis/SOURCE.md. KIBA: DeepDTA (Öztürk et al.
+# 2018), KronRLS and SimBoost as DeepDTA reports them, GraphDTA (Nguyen et al. 2021) and MGraphDTA
+# as MGraphDTA's Table 3 (Yang et al. 2022) lists them.
+PUBLISHED = {
+    "Davis": {
+        "shape": (68, 442, 30_056),
+        "results": {
+            "DeepDTA (CNN/CNN)": {"mse": 0.261, "ci": 0.878, "rm2": 0.630},
+            "KronRLS": {"mse": 0.379, "ci": 0.871, "rm2": 0.407},
+            "SimBoost": {"mse": 0.282, "ci": 0.872, "rm2": 0.644},
+            "GraphDTA GIN": {"mse": 0.229, "ci": 0.893, "rm2": None},
+            "MSGNN-DTA (best listed)": {"mse": 0.195, "ci": 0.906, "rm2": 0.719},
+        },
+    },
+    "KIBA": {
+        "shape": (2_111, 229, 118_254),
+        "results": {
+            "DeepDTA (CNN/CNN)": {"mse": 0.194, "ci": 0.863, "rm2": 0.673},
+            "KronRLS": {"mse": 0.411, "ci": 0.782, "rm2": 0.342},
+            "SimBoost": {"mse": 0.222, "ci": 0.836, "rm2": 0.629},
+            "GraphDTA GAT-GCN": {"mse": 0.139, "ci": 0.891, "rm2": None},
+            "MGraphDTA": {"mse": 0.128, "ci": 0.902, "rm2": 0.801},
+        },
+    },
 }
+
+
+def published_for(shape: tuple[int, int, int]) -> tuple[str | None, dict]:
+    """(dataset name, its published results) for a dataset of ``shape`` (drugs, proteins,
+    pairs); (None, {}) for a dataset with no published figures here."""
+    for name, entry in PUBLISHED.items():
+        if tuple(shape) == entry["shape"]:
+            return name, entry["results"]
+    return None, {}
+
+
+def dataset_shape(config_path: str, overrides: list[str]) -> tuple[int, int, int]:
+    """(distinct drugs, distinct proteins, measured pairs) of the benchmark's dataset."""
+    from hopperjax.workloads.dta import load_table
+
+    table = load_table(hopperjax.load_config(config_path, overrides))
+    return len(table.drugs), len(table.proteins), len(table.affinity)
+
+
+def cpu_name() -> str:
+    """The host CPU's model name (speed figures are quoted with it)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def predict(parts, state) -> tuple[np.ndarray, np.ndarray]:
@@ -72,6 +121,7 @@ def run_fold(config_path: str, overrides: list[str], fold: int, out: Path) -> di
     start = time.perf_counter()
     result = hopperjax.train(config, console=False)
     train_s = time.perf_counter() - start
+    step_times = [r["step_time_s"] for r in result.history if "step_time_s" in r]
     evals = [r for r in result.history if "eval_mse" in r]
     best = min(evals, key=lambda r: r["eval_mse"])
 
@@ -88,17 +138,25 @@ def run_fold(config_path: str, overrides: list[str], fold: int, out: Path) -> di
         "valid": {k[5:]: best[k] for k in ("eval_mse", "eval_ci", "eval_rm2", "eval_pearson")},
         "test": scoring.regression_scores(measured, predicted),
         "train_s": train_s,
+        "step_s": float(np.median(step_times)),
+        "wall_s": time.perf_counter() - start,
         "valid_curve": [(r["step"], r["eval_mse"]) for r in evals],
         "measured": measured.tolist(),
         "predicted": predicted.tolist(),
     }
 
 
-def write_table(runs: list[dict], header: str, path: Path) -> str:
+def write_table(
+    runs: list[dict], header: str, path: Path, dataset: tuple[str | None, dict] = (None, {})
+) -> str:
+    """Mean +- std over the runs, the published figures of ``dataset`` (name, results) if any,
+    and a row per run with its wall time (training, selection and test scoring) and step time."""
+
     def stat(key: str) -> str:
         values = np.array([r["test"][key] for r in runs])
         return f"{values.mean():.3f} ± {values.std():.3f}"
 
+    name, published = dataset
     lines = [
         header,
         "",
@@ -107,19 +165,26 @@ def write_table(runs: list[dict], header: str, path: Path) -> str:
         f"| hopperjax ({len(runs)} runs) | {stat('mse')} | {stat('ci')} | {stat('rm2')} | "
         f"{stat('pearson')} |",
     ]
-    for name, p in PUBLISHED.items():
+    for model, p in published.items():
         rm2 = "–" if p["rm2"] is None else f"{p['rm2']:.3f}"
-        lines.append(f"| {name} (published) | {p['mse']:.3f} | {p['ci']:.3f} | {rm2} | – |")
+        lines.append(
+            f"| {model} (published, {name}) | {p['mse']:.3f} | {p['ci']:.3f} | {rm2} | – |"
+        )
+    if not published:
+        lines.append("| (no published figures for a dataset of this shape) | | | | |")
     lines += [
         "",
-        "| run (valid fold) | best step | valid MSE | test MSE | test CI | test rm2 | train s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| run (valid fold) | best step | valid MSE | test MSE | test CI | test rm2 | train s | "
+        "wall s | s/step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
+        wall = f"{r['wall_s']:.0f}" if "wall_s" in r else "–"
+        step = f"{r['step_s']:.3f}" if "step_s" in r else "–"
         lines.append(
             f"| {r['fold']} | {r['best_step']} | {r['valid']['mse']:.3f} | "
             f"{r['test']['mse']:.3f} | {r['test']['ci']:.3f} | {r['test']['rm2']:.3f} | "
-            f"{r['train_s']:.0f} |"
+            f"{r['train_s']:.0f} | {wall} | {step} |"
         )
     text = "\n".join(lines) + "\n"
     path.write_text(text)
@@ -167,16 +232,21 @@ def main(argv: list[str] | None = None) -> int:
         r = done[fold] = run_fold(args.config, overrides, fold, out)
         print(f"fold {fold}: best step {r['best_step']}, valid MSE {r['valid']['mse']:.4f}, "
               f"test MSE {r['test']['mse']:.4f} CI {r['test']['ci']:.4f} "
-              f"rm2 {r['test']['rm2']:.4f} in {r['train_s']:.0f}s", flush=True)  # fmt: skip
+              f"rm2 {r['test']['rm2']:.4f}; {r['wall_s']:.0f} s wall, {r['step_s']:.3f} s/step",
+              flush=True)  # fmt: skip
         partial = results.with_suffix(".json.tmp")
         partial.write_text(json.dumps([done[f] for f in sorted(done)]))
         partial.replace(results)
     runs = [done[f] for f in folds]
+    shape = dataset_shape(args.config, overrides)
+    dataset = published_for(shape)
+    host = cpu_name() if jax.default_backend() == "cpu" else jax.devices()[0].device_kind
     header = (
         f"{args.config} {' '.join(overrides)}; {len(runs)} runs on {jax.device_count()} "
-        f"{jax.devices()[0].device_kind} device(s)"
+        f"{jax.default_backend()} device(s), {host}; dataset: {dataset[0] or 'unrecognized'} "
+        f"({shape[0]:,} drugs, {shape[1]:,} proteins, {shape[2]:,} pairs)"
     )
-    print(write_table(runs, header, out / "table.md"))
+    print(write_table(runs, header, out / "table.md", dataset))
     plot(runs[0], out / "scatter.png")
     return 0
 

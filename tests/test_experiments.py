@@ -26,6 +26,8 @@ def fake_run(fold: int, mse: float) -> dict:
         "valid": scores,
         "test": scores,
         "train_s": 1.0,
+        "step_s": 0.5,
+        "wall_s": 3.0,
         "valid_curve": [[100, mse]],
         "measured": [5.0, 6.0, 7.0],
         "predicted": [5.1, 6.2, 6.9],
@@ -45,6 +47,7 @@ def test_dta_benchmark_keeps_finished_folds_and_restarts_unfinished(tmp_path, mo
         return fake_run(fold, 0.27)
 
     monkeypatch.setattr(benchmark, "run_fold", run_fold)
+    monkeypatch.setattr(benchmark, "dataset_shape", lambda config, overrides: (68, 442, 30_056))
     assert benchmark.main(["--data", "unused", "--folds", "0,1", "--out", str(tmp_path)]) == 0
 
     assert trained == [1]
@@ -53,14 +56,26 @@ def test_dta_benchmark_keeps_finished_folds_and_restarts_unfinished(tmp_path, mo
     assert not (tmp_path / "results.json.tmp").exists()
     table = (tmp_path / "table.md").read_text()
     assert "hopperjax (2 runs) | 0.260 ± 0.010" in table
+    assert "dataset: Davis (68 drugs, 442 proteins, 30,056 pairs)" in table
+    assert "| 1 | 100 | 0.270 | 0.270 | 0.880 | 0.630 | 1 | 3 | 0.500 |" in table
     out = capsys.readouterr().out
     assert "fold 0: kept" in out and "fold 1: discarding an unfinished run" in out
 
 
-def test_dta_benchmark_table_lists_published_numbers(tmp_path):
+def test_dta_benchmark_table_lists_the_published_numbers_of_its_dataset_only(tmp_path):
     benchmark = load_script("dta_benchmark")
-    text = benchmark.write_table([fake_run(0, 0.25)], "header", tmp_path / "t.md")
-    assert "| DeepDTA (CNN/CNN) (published) | 0.261 | 0.878 | 0.630 |" in text
+    run = [fake_run(0, 0.25)]
+    davis = benchmark.write_table(
+        run, "h", tmp_path / "t.md", benchmark.published_for((68, 442, 30_056))
+    )
+    assert "| DeepDTA (CNN/CNN) (published, Davis) | 0.261 | 0.878 | 0.630 |" in davis
+    assert "KIBA" not in davis
+    kiba = benchmark.published_for((2_111, 229, 118_254))
+    text = benchmark.write_table(run, "h", tmp_path / "t.md", kiba)
+    assert "| DeepDTA (CNN/CNN) (published, KIBA) | 0.194 | 0.863 | 0.673 |" in text
+    assert "Davis" not in text and "0.261" not in text
+    other = benchmark.write_table(run, "h", tmp_path / "t.md", benchmark.published_for((8, 8, 400)))
+    assert "(published" not in other and "no published figures" in other
 
 
 def test_attention_bench_times_both_paths(capsys):
