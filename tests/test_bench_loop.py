@@ -8,7 +8,7 @@ import time
 from conftest import REPO, TINY
 
 STEP_DELAY_S = 0.03  # added to every bare step
-INPUT_DELAY_S = 0.06  # added before every host batch
+INPUT_DELAY_S = 0.15  # added before every host batch: far above a real step (~10-20 ms here)
 
 
 def _load_tool():
@@ -71,7 +71,7 @@ def test_bench_loop_figures_see_injected_step_and_input_delays(capsys, monkeypat
     monkeypatch.setattr(bench_loop, "make_iterator", lambda *a: _Slow(real_make(*a)))
     monkeypatch.setattr(loop, "make_iterator", lambda *a: _Slow(real_make(*a)))
     # Log windows of 5 steps: the loop's step time leaves out its logging, during which the slow
-    # pipeline keeps reading ahead; over 5 steps that gap is small.
+    # pipeline keeps reading ahead (on a loaded host, tens of ms per window).
     args = [str(REPO / "configs" / "quickstart.yaml"), *TINY, "train.log_every=5"]
     assert bench_loop.main(["--config", *args, "--steps", "10", "--chunk", "5",
                             "--pipeline-batches", "10"]) == 0  # fmt: skip
@@ -79,9 +79,9 @@ def test_bench_loop_figures_see_injected_step_and_input_delays(capsys, monkeypat
     assert report["devices"] == 8
     # (a) the bare step: batches already on the device, so the input delay is not in it.
     assert STEP_DELAY_S <= report["bare_step_s"] < STEP_DELAY_S + INPUT_DELAY_S
-    # (b) the loop reads every batch through the slow pipeline: it cannot step much faster (the
-    # real step takes ~10-20 ms here).
-    assert report["loop_step_s"] >= INPUT_DELAY_S * 0.8
+    # (b) the loop reads every batch through the slow pipeline: it cannot step much faster (up
+    # to 190 ms of read-ahead per 5-step window is tolerated).
+    assert report["loop_step_s"] >= INPUT_DELAY_S * 0.75
     # (c) the pipeline alone, on the host and assembled on the devices.
     for key in ("host_batches_per_s", "device_batches_per_s"):
         assert 0.3 / INPUT_DELAY_S < report[key] <= 1.0 / INPUT_DELAY_S, (key, report[key])
