@@ -424,14 +424,26 @@ def _write_shards(root, out, num_shards):
 
 
 @pytest.mark.parametrize(
-    ("source", "group_by"), [("shards", "none"), ("deepdta", "protein"), ("deepdta", "drug")]
+    ("source", "group_by", "mix"),
+    [
+        ("shards", "none", 1),
+        ("deepdta", "protein", 1),
+        ("deepdta", "drug", 1),
+        ("deepdta", "protein", 2),
+    ],
 )
-def test_shards_and_grouped_batches_read_the_same_pairs(tmp_path, source, group_by):
-    """ArrayRecord shards of a DeepDTA directory, and protein- or drug-grouped batches, give the
-    same folds and the same pairs per epoch as the directory read in a uniform shuffle."""
+def test_shards_and_grouped_batches_read_the_same_pairs(tmp_path, source, group_by, mix):
+    """ArrayRecord shards of a DeepDTA directory, and protein- or drug-grouped batches (mixed
+    ``data.group_mix`` groups at a time, too), give the same folds and the same pairs per epoch as
+    the directory read in a uniform shuffle."""
     root = _write_deepdta(tmp_path / "davis")
     path = _write_shards(root, tmp_path / "shards", 3) if source == "shards" else root
-    base = ["data.valid_fold=2", "train.batch_size=6", "train.eval_batch_size=4"]
+    base = [
+        "data.valid_fold=2",
+        "train.batch_size=6",
+        "train.eval_batch_size=4",
+        f"data.group_mix={mix}",
+    ]
     reference, config = (
         dta_config(tmp_path, *base, f"data.source={s}", f"data.path={p}", f"data.group_by={g}")
         for s, p, g in (("deepdta", root, "none"), (source, path, group_by))

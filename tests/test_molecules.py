@@ -486,3 +486,43 @@ def test_grouped_order_keeps_groups_together_and_bounds_a_batch():
     assert order.max_groups_per_batch(256) == np.searchsorted(np.cumsum(sizes), 254, "right") + 2
     with pytest.raises(ValueError, match="no pairs"):
         dta_batches.GroupedOrder(np.array([], np.int64), seed=0)
+
+
+def test_grouped_order_mixes_groups_and_still_bounds_a_batch():
+    """mix=K: the pairs of K groups at a time are shuffled together, so a batch holds more
+    groups (closer to i.i.d.) and the table bound still holds; mix=1 is the plain order."""
+    rng = np.random.default_rng(1)
+    groups = rng.integers(0, 12, 3000)  # few, large groups: KIBA's shape in miniature
+    n = len(groups)
+    plain = dta_batches.GroupedOrder(groups, seed=5)
+    assert [plain[i] for i in range(n)] == [
+        dta_batches.GroupedOrder(groups, seed=5, mix=1)[i] for i in range(n)
+    ]
+    mixed = dta_batches.GroupedOrder(groups, seed=5, mix=4)
+    epoch0 = np.array([mixed[i] for i in range(n)])
+    epoch1 = np.array([mixed[i] for i in range(n, 2 * n)])
+    assert sorted(epoch0) == list(range(n))
+    batch = 128
+
+    def mean_groups(stream):
+        return np.mean(
+            [len(set(stream[i : i + batch])) for i in range(0, len(stream) - batch, batch)]
+        )
+
+    plain_stream = groups[[plain[i] for i in range(n)]]
+    mixed_stream = groups[np.r_[epoch0, epoch1]]
+    assert mean_groups(plain_stream) < 2.2 and mean_groups(mixed_stream) > 3.5
+    # Each stretch of the order holds exactly 4 groups (the last may hold fewer).
+    first_seen = []
+    for g in groups[epoch0]:
+        if g not in first_seen:
+            first_seen.append(g)
+    stretches = [set(first_seen[i : i + 4]) for i in range(0, 12, 4)]
+    boundaries = np.cumsum([np.isin(groups, list(s)).sum() for s in stretches])
+    for stretch, end in zip(stretches, boundaries, strict=True):
+        assert set(groups[epoch0[end - np.isin(groups, list(stretch)).sum() : end]]) == stretch
+    bound = mixed.max_groups_per_batch(batch)
+    worst = max(len(set(mixed_stream[i : i + batch])) for i in range(0, 2 * n - batch, 3))
+    assert worst <= bound <= 12
+    with pytest.raises(ValueError, match="mix"):
+        dta_batches.GroupedOrder(groups, seed=0, mix=0)

@@ -44,7 +44,9 @@ class AffinityData(config_lib.DataConfig):
     instead (report, never select, on it). Without folds, ``eval_fraction`` of the pairs, drawn
     with the run's seed, is held out (and ``eval_split: test`` is refused). ``group_by:
     protein`` (or ``drug``) orders each epoch group by group, in random order, so a batch holds
-    the pairs of a few proteins and the model encodes a few instead of hundreds.
+    the pairs of a few proteins and the model encodes a few instead of hundreds. ``group_mix``:
+    groups shuffled together per stretch of the order, so a batch holds at least about that many
+    (1: one group after another; more: closer to i.i.d. batches, more molecules to encode).
     ``deduplicate``: encode each distinct drug and protein of a batch once and gather per pair
     (same predictions, far fewer FLOPs).
     """
@@ -60,6 +62,7 @@ class AffinityData(config_lib.DataConfig):
     eval_split: Literal["valid", "test"] = "valid"
     eval_fraction: float = 0.1
     group_by: Literal["none", "protein", "drug"] = "none"
+    group_mix: int = 1
     deduplicate: bool = True
     synthetic_pairs: int = 100_000
     synthetic_drugs: int = 2_000
@@ -312,6 +315,7 @@ class AffinityRegression(Workload):
         for key in ("drug_max_len", "protein_max_len", "synthetic_pairs", "synthetic_drugs"):
             config_lib.positive(f"data.{key}", getattr(d, key))
         config_lib.positive("data.synthetic_proteins", d.synthetic_proteins)
+        config_lib.positive("data.group_mix", d.group_mix)
         if not 0 <= d.valid_fold < 5:
             raise ConfigError(
                 "data.valid_fold", f"expected a DeepDTA fold 0..4, got {d.valid_fold}"
@@ -367,7 +371,7 @@ class AffinityRegression(Workload):
         def distinct(indices: np.ndarray, batch: int) -> dict[str, int]:
             bound = {"drug": data.drugs, "protein": data.proteins}
             if group_of is not None:
-                order = dta_batches.GroupedOrder(group_of[indices], seed=0)
+                order = dta_batches.GroupedOrder(group_of[indices], seed=0, mix=d.group_mix)
                 bound[d.group_by] = order.max_groups_per_batch(batch)
             return bound
 
@@ -400,7 +404,7 @@ class AffinityRegression(Workload):
         train_pairs = dta_batches.PairSubset(data.pairs, train_idx)
         if group_of is not None:
             order = grain.MapDataset.source(
-                dta_batches.GroupedOrder(group_of[train_idx], seed=config.seed)
+                dta_batches.GroupedOrder(group_of[train_idx], seed=config.seed, mix=d.group_mix)
             )
         else:
             order = grain.MapDataset.range(len(train_idx))
