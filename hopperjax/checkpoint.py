@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import re
@@ -126,13 +127,33 @@ def _files(step_dir: Path) -> list[Path]:
     return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def write_manifest(step_dir: Path) -> None:
-    """Records size and SHA-256 of every file of a finished step directory."""
-    entries = {
-        str(p.relative_to(step_dir)): {"bytes": p.stat().st_size, "sha256": _digest(p)}
-        for p in _files(step_dir)
-    }
+# Rewritten by orbax when it commits a save (after the in-flight manifest is written).
+_COMMIT_FILES = frozenset({"_CHECKPOINT_METADATA", "commit_success.txt"})
+
+
+def write_manifest(
+    step_dir: Path, *, skip: frozenset[str] = frozenset(), extend: bool = False
+) -> None:
+    """Records size and SHA-256 of every file of a finished step directory (but the top-level
+    ``skip`` names). ``extend``: keep what an existing manifest records and hash only the files
+    it lacks."""
+    entries = {}
+    if extend:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            entries = json.loads((step_dir / MANIFEST).read_text())["files"]
+    for p in _files(step_dir):
+        name = str(p.relative_to(step_dir))
+        if name not in entries and name not in skip:
+            entries[name] = {"bytes": p.stat().st_size, "sha256": _digest(p)}
     files.write_text(step_dir / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
+
+
+def _manifest_complete(step_dir: Path) -> bool:
+    try:
+        listed = set(json.loads((step_dir / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return {str(p.relative_to(step_dir)) for p in _files(step_dir)} <= listed
 
 
 def verify(step_dir: Path) -> str | None:
@@ -211,11 +232,22 @@ class Checkpointer:
         primary: bool | None = None,
     ):
         self._directory = Path(directory).absolute()
+        self._primary = jax.process_index() == 0 if primary is None else primary
+        self._pending: list[tuple[int, int]] = []  # (step, bytes) of saves not yet on disk
+        # Hashed in orbax's finalizing thread, right after a save is committed (before the next
+        # save may start): a kill can then leave at most the newest checkpoint without its
+        # manifest, never an older one too.
+        async_options = (
+            ocp.AsyncOptions(post_finalization_callback=self._hash_committed)
+            if async_save
+            else None
+        )
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             enable_async_checkpointing=async_save,
             create=True,
             cleanup_tmp_directories=True,
+            async_options=async_options,
         )
         # Handlers named up front, so that a manager that has not saved yet can read metadata.
         self._manager = ocp.CheckpointManager(
@@ -227,8 +259,6 @@ class Checkpointer:
             },
         )
         self._every = every
-        self._primary = jax.process_index() == 0 if primary is None else primary
-        self._pending: list[tuple[int, int]] = []  # (step, bytes) of saves not yet on disk
         self._hashing = concurrent.futures.ThreadPoolExecutor(1, "hopperjax-manifest")
         self._manifests: list[concurrent.futures.Future] = []
 
@@ -351,12 +381,24 @@ class Checkpointer:
             f"{self.describe_last_good()}"
         )
 
+    def _hash_committed(self) -> None:
+        """orbax's post-finalization callback, run once a save's files are all written and just
+        before its temporary directory is renamed into place: the manifest written into it then
+        appears with the checkpoint, atomically (no window in which a kill leaves a committed
+        checkpoint without one). The files orbax rewrites at the commit are added afterwards."""
+        if self._primary:
+            for step, _ in list(self._pending):
+                for tmp in self._directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+                    if tmp.is_dir() and not (tmp / MANIFEST).is_file():
+                        write_manifest(tmp, skip=_COMMIT_FILES)
+
     def _start_manifests(self, saved: list[tuple[int, int]]) -> None:
         if self._primary:
             for step, _ in saved:
                 step_dir = self._directory / str(step)
-                if step_dir.is_dir():
-                    self._manifests.append(self._hashing.submit(write_manifest, step_dir))
+                if step_dir.is_dir() and not _manifest_complete(step_dir):
+                    extend = functools.partial(write_manifest, extend=True)
+                    self._manifests.append(self._hashing.submit(extend, step_dir))
 
     def _no_space(self, step: int, needed: int, free: int) -> str:
         return (

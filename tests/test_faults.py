@@ -348,3 +348,22 @@ def test_a_changed_optimizer_is_refused_by_name_on_resume(tiny_config, stopped_t
     with pytest.raises(ConfigError, match="changed from 'adamw' to 'sgd'") as info:
         hopperjax.train(_config(tiny_config, "optim.name=sgd"), console=False)
     assert info.value.key == "optim.name"
+
+
+def test_a_committed_save_is_hashed_before_the_next_save_starts(tmp_path):
+    """The manifest is written in orbax's finalizing thread, right after the commit: a SIGKILL
+    that lands while the next (slow) save runs can cost at most that newest checkpoint, never an
+    older one too (the battery found two unhashed checkpoints, hence no resumable one)."""
+    checkpointer = checkpoint_lib.Checkpointer(tmp_path / "checkpoints", every=1, keep=5)
+    state = {"w": jax.numpy.arange(1024.0)}
+    try:
+        checkpointer.save(1, state, {"next_index": 1})
+        # orbax's own wait, not ours: our bookkeeping (poll, _finish) does not run.
+        checkpointer._manager.wait_until_finished()
+        assert checkpoint_lib.verify(tmp_path / "checkpoints" / "1") is None
+    finally:
+        checkpointer.close()
+    # Then the files orbax rewrote at the commit are added to it.
+    listed = json.loads((tmp_path / "checkpoints" / "1" / MANIFEST).read_text())["files"]
+    assert "_CHECKPOINT_METADATA" in listed and "state/_METADATA" in listed
+    assert checkpoint_lib.verify(tmp_path / "checkpoints" / "1") is None
