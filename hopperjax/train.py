@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -83,7 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         print("hopperjax: aborted (Ctrl-C twice); the run resumes from its last checkpoint")
-        return 130
+        # At once, as promised: no interpreter teardown while background threads (a save being
+        # committed, its manifest being hashed) still run native code, which can crash it. A
+        # committed checkpoint carries its manifest; an unfinished one is a temporary directory
+        # the next run removes.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     return 0
 
 

@@ -540,3 +540,52 @@ def test_batches_from_ids_equal_batches_from_token_rows(dedup):
             {**ids, "affinity": affinity}, drug_tokens, protein_tokens,
             drug_rows=8, protein_rows=4, dedup=True,
         )  # fmt: skip
+
+
+def test_standardized_targets_use_the_training_split_and_predict_in_the_data_units(tmp_path):
+    """data.standardize: the head learns (y - mean) / std with the training split's mean and
+    std, checkpointed with the model; predictions, eval_mse and a restored model stay in the
+    data's units; the loss is the standardized MSE (eval_loss = eval_mse / std^2)."""
+    overrides = ["data.standardize=true", "train.steps=4", "train.eval_every=4"]
+    config = dta_config(tmp_path, *overrides)
+    result = hopperjax.train(config, console=False)
+
+    data = dta_workload.load_pairs(config)
+    train_idx, _ = dta_workload.split_pairs(data.folds, len(data.pairs), config)
+    y = np.asarray(data.pairs.take(train_idx)["affinity"], np.float64)
+    stats = result.state.model_state["target_stats"]
+    np.testing.assert_allclose(float(stats["mean"]), y.mean(), rtol=1e-6)
+    np.testing.assert_allclose(float(stats["std"]), y.std(), rtol=1e-6)
+    assert abs(y.mean()) > 0.5 and abs(y.std() - 1.0) > 0.1  # so unit mix-ups would show
+
+    (last,) = [r for r in result.history if "eval_mse" in r]
+    assert last["eval_loss"] == pytest.approx(last["eval_mse"] / y.var(), rel=1e-5)
+    # The first train loss of a fresh head is about the standardized variance, ~1, not ~y^2.
+    first = next(r["loss"] for r in result.history if "loss" in r)
+    assert 0.2 < first < 5.0
+
+    # A restored model (no data read) predicts in the data's units, as training's eval did.
+    restored = hopperjax.restore_params(result.run_dir)
+    assert float(restored.variables["target_stats"]["mean"]) == float(stats["mean"])
+    workload = dta_workload.AffinityRegression(config)
+    batch = next(iter(workload.build_datasets(ProcessShard(0, 1)).eval))
+    inputs = {k: jax.numpy.asarray(batch[k]) for k in MODEL_KEYS}
+    got = restored.workload.predict(restored.model, restored.variables, inputs)
+    trained = {"params": result.state.params, **result.state.model_state}
+    model = workload.build_model(restored.model.policy, config.remat)
+    want = model.apply(trained, inputs)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5)
+    assert abs(float(np.mean(got)) - y.mean()) < 3 * y.std()
+
+
+def test_standardize_refuses_shards_in_one_line(tmp_path):
+    root = _write_deepdta(tmp_path / "davis")
+    shards = _write_shards(root, tmp_path / "shards", 2)
+    with pytest.raises(hopperjax.ConfigError, match=r"data\.standardize: needs a pair table"):
+        dta_config(
+            tmp_path,
+            "data.source=shards",
+            f"data.path={shards}",
+            "data.group_by=none",
+            "data.standardize=true",
+        )

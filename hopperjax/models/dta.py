@@ -31,6 +31,10 @@ CHARS = "chars"
 CNN_WIDTHS = (1, 2, 3)  # DeepDTA: filters, 2x and 3x filters in the three convolutions
 
 
+# The variable collection of the standardization constants (not trained, checkpointed).
+TARGET_STATS = "target_stats"
+
+
 @dataclasses.dataclass(frozen=True)
 class DTAConfig(config_lib.ModelConfig):
     """The DTA model's ``model:`` group.
@@ -182,6 +186,11 @@ class DTA(nn.Module):
       config: encoder and head sizes.
       drug_vocab, protein_vocab: token ids of the two tokenizers (the workload passes them in;
         models never read data).
+      target_stats: (mean, std) when the head predicts standardized affinities: the model then
+        returns ``head * std + mean`` with both held in the ``target_stats`` variable collection
+        (initialized from these values, the training split's; checkpointed with the model, so
+        a restored model predicts in the data's units without them). None: the head's output is
+        the affinity.
     """
 
     config: DTAConfig
@@ -189,6 +198,7 @@ class DTA(nn.Module):
     remat: RematConfig
     drug_vocab: int
     protein_vocab: int
+    target_stats: tuple[float, float] | None = None
 
     def _encoder(self, kind: str, vocab: int, kernel: int, pool: int, name: str) -> nn.Module:
         if kind == "cnn":
@@ -242,7 +252,13 @@ class DTA(nn.Module):
             use_bias=True,
             name="out",
         )(x)
-        return out[:, 0].astype(jnp.float32)
+        out = out[:, 0].astype(jnp.float32)
+        if self.target_stats is None:
+            return out
+        mean0, std0 = self.target_stats
+        mean = self.variable(TARGET_STATS, "mean", lambda: jnp.float32(mean0))
+        std = self.variable(TARGET_STATS, "std", lambda: jnp.float32(std0))
+        return out * std.value + mean.value
 
 
 def encoder_flops(config: DTAConfig, which: str, length: int) -> float:

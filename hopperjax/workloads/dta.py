@@ -48,7 +48,11 @@ class AffinityData(config_lib.DataConfig):
     groups shuffled together per stretch of the order, so a batch holds at least about that many
     (1: one group after another; more: closer to i.i.d. batches, more molecules to encode).
     ``deduplicate``: encode each distinct drug and protein of a batch once and gather per pair
-    (same predictions, far fewer FLOPs).
+    (same predictions, far fewer FLOPs). ``standardize``: the head predicts (affinity - mean) /
+    std with the training split's mean and std (checkpointed with the model, undone for every
+    prediction and score), and the loss is the MSE of standardized affinities, so its scale, the
+    gradients' and the head's starting point do not depend on the dataset's units (pKd, KIBA
+    scores); ``eval_loss`` is then standardized too, ``eval_mse`` stays in the data's units.
     """
 
     source: Literal["deepdta", "csv", "synthetic", "shards"] = "deepdta"
@@ -64,6 +68,7 @@ class AffinityData(config_lib.DataConfig):
     group_by: Literal["none", "protein", "drug"] = "none"
     group_mix: int = 1
     deduplicate: bool = True
+    standardize: bool = False
     synthetic_pairs: int = 100_000
     synthetic_drugs: int = 2_000
     synthetic_proteins: int = 500
@@ -329,6 +334,11 @@ class AffinityRegression(Workload):
                 "data.group_by",
                 "needs a pair table in memory (deepdta, csv, synthetic), not shards",
             )
+        if d.standardize and d.source == "shards":
+            raise ConfigError(
+                "data.standardize",
+                "needs a pair table in memory (deepdta, csv, synthetic), not shards",
+            )
         if config.train.microbatches > 1:
             raise ConfigError(
                 "train.microbatches",
@@ -336,15 +346,35 @@ class AffinityRegression(Workload):
                 "tables",
             )
 
+    def __init__(self, config: Config):
+        super().__init__(config)
+        # (mean, std) of the training split's affinities, once build_datasets has read them.
+        self.target_stats: tuple[float, float] | None = None
+        if config.data.standardize:
+            self.mutable = (dta_model.TARGET_STATS,)
+
     def build_model(self, policy: Policy, remat: RematConfig) -> dta_model.DTA:
         drug, protein = tokenizers(self.config.data)
+        stats = None
+        if self.config.data.standardize:
+            # Without the data (a restored model), the checkpoint's values replace these.
+            stats = self.target_stats or (0.0, 1.0)
         return dta_model.DTA(
             config=self.config.model,
             policy=policy,
             remat=remat,
             drug_vocab=drug.vocab_size,
             protein_vocab=protein.vocab_size,
+            target_stats=stats,
         )
+
+    def _std(self) -> float:
+        """The standardization's std (1 without it): the train loss is divided by its square."""
+        if not self.config.data.standardize:
+            return 1.0
+        if self.target_stats is None:
+            raise RuntimeError("build_datasets computes the affinity statistics before a loss")
+        return self.target_stats[1]
 
     def build_datasets(self, shard: ProcessShard) -> Datasets[PairMeta]:
         config = self.config
@@ -352,6 +382,10 @@ class AffinityRegression(Workload):
         index, count = shard.index, shard.count
         data = load_pairs(config)
         train_idx, eval_idx = split_pairs(data.folds, len(data.pairs), config)
+        if d.standardize:
+            y = np.asarray(data.pairs.take(train_idx)["affinity"], np.float64)
+            std = float(y.std())
+            self.target_stats = (float(y.mean()), std if std > 0 else 1.0)
         eval_batch = t.eval_batch_size or t.batch_size
         if len(train_idx) < t.batch_size:
             raise ConfigError(
@@ -452,7 +486,8 @@ class AffinityRegression(Workload):
 
     def loss(self, outputs: jax.Array, batch: Any) -> jax.Array:
         w = batch["weight"]
-        return (w * (outputs - batch["affinity"]) ** 2).sum() / jnp.maximum(w.sum(), 1.0)
+        mse = (w * (outputs - batch["affinity"]) ** 2).sum() / jnp.maximum(w.sum(), 1.0)
+        return mse / self._std() ** 2
 
     def eval_outputs(self, outputs: jax.Array, batch: Any) -> dict[str, jax.Array]:
         return {"prediction": outputs, "affinity": batch["affinity"], "weight": batch["weight"]}
@@ -462,7 +497,7 @@ class AffinityRegression(Workload):
         keep = joined["weight"] > 0
         scores = scoring.regression_scores(joined["affinity"][keep], joined["prediction"][keep])
         return {
-            "eval_loss": scores["mse"],
+            "eval_loss": scores["mse"] / self._std() ** 2,
             **{f"eval_{k}": v for k, v in scores.items()},
             "eval_pairs": float(keep.sum()),
         }
