@@ -367,3 +367,21 @@ def test_a_committed_save_is_hashed_before_the_next_save_starts(tmp_path):
     listed = json.loads((tmp_path / "checkpoints" / "1" / MANIFEST).read_text())["files"]
     assert "_CHECKPOINT_METADATA" in listed and "state/_METADATA" in listed
     assert checkpoint_lib.verify(tmp_path / "checkpoints" / "1") is None
+
+
+def test_a_signal_before_the_first_step_still_checkpoints_and_stops(tmp_path):
+    """SIGTERM while the run restores and compiles (config.yaml is written first, the metrics
+    file after the compile): the handler is already installed, so the run takes one step,
+    checkpoints it and exits 0, rather than dying of the signal."""
+    run_dir = tmp_path / "run"
+    proc = _start_cli(run_dir)
+    deadline = time.monotonic() + 180
+    while not (run_dir / "config.yaml").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    before_first_step = not (run_dir / "metrics.jsonl").exists()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, (tmp_path / "err.txt").read_text()
+    assert "SIGTERM: checkpointed step" in (tmp_path / "out.txt").read_text()
+    steps = _steps(run_dir)
+    assert len(steps) == 1 and (steps == [1] or not before_first_step), steps

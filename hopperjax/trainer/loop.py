@@ -216,7 +216,12 @@ def _train(
         async_save=t.async_checkpoint,
         primary=primary,
     )
-    with _closing(checkpointer):
+    # Installed before anything slow (restore, compile): a SIGTERM or Ctrl-C that arrives before
+    # the first step still checkpoints and stops after it, rather than killing the process.
+    preemption = _PreemptionFlag(
+        say=lambda m: print(m, flush=True) if console and primary else None
+    )
+    with _closing(checkpointer), preemption:
         start = checkpointer.resume_step(info=warn) or 0
         # Every process checks (each would otherwise wait for the others in a collective).
         check_resumable(config, run_dir, parts.abstract_state, checkpointer, start)
@@ -275,7 +280,7 @@ def _train(
                 config.data.device_prefetch,
                 blocks=parts.batch_blocks,
             ),
-            preemption=_PreemptionFlag(say=writer.info),
+            preemption=preemption,
             profiler=ProfileWindow(
                 run_dir / "profile",
                 start_step=config.profile.start_step,
@@ -291,7 +296,7 @@ def _train(
             effects.monitor.start()
         closables = [effects.batches, writer, effects.profiler]
         closables += [effects.monitor] if effects.monitor is not None else []
-        with _closing(*closables), effects.preemption:
+        with _closing(*closables):
             state, history = _loop(state, start, parts, train_step, eval_step, throughput, effects)
         checkpointer.wait()
     return TrainResult(state=state, run_dir=run_dir, history=history, compile_s=compile_s)
