@@ -148,14 +148,6 @@ def write_manifest(
     files.write_text(step_dir / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
 
 
-def _manifest_complete(step_dir: Path) -> bool:
-    try:
-        listed = set(json.loads((step_dir / MANIFEST).read_text())["files"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return {str(p.relative_to(step_dir)) for p in _files(step_dir)} <= listed
-
-
 def verify(step_dir: Path) -> str | None:
     """What is wrong with a step directory (one phrase), or None when every file matches its
     manifest."""
@@ -396,7 +388,7 @@ class Checkpointer:
         if self._primary:
             for step, _ in saved:
                 step_dir = self._directory / str(step)
-                if step_dir.is_dir() and not _manifest_complete(step_dir):
+                if step_dir.is_dir():  # extends the manifest committed with it, if any
                     extend = functools.partial(write_manifest, extend=True)
                     self._manifests.append(self._hashing.submit(extend, step_dir))
 

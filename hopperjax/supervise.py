@@ -56,16 +56,16 @@ def explain_abort(text: str, *, coordinator: str, heartbeat_timeout_s: int) -> s
     distributed service (which names the lost process or the coordinator), or a cross-process
     collective on CPU hosts (gloo) that failed first and cannot name it. None for other text."""
     restart = "this process stopped too; restart every process to resume from the newest checkpoint"
-    gloo = _GLOO_ABORT.search(text)
-    if gloo and _SERVICE_ABORT not in text:
+    if _SERVICE_ABORT not in text:
+        gloo = _GLOO_ABORT.search(text)
+        if gloo is None:
+            return None
         # gloo reports the broken stream, e.g. a short read, with an "enforce fail at" location.
         what = re.sub(r"\[enforce fail at [^\]]*\]\s*", "", gloo.group(1)).strip()
         return (
             f"a collective with the other processes failed (gloo: {what[:160]}), most likely "
             f"because a peer process was lost; {restart}"
         )
-    if _SERVICE_ABORT not in text:
-        return None
     unhealthy = _UNHEALTHY.search(text)
     if unhealthy:
         # One task per line, printed as an index or as '/job:.../task:N': the last number is it.
@@ -151,10 +151,10 @@ def run(
             if line is None:
                 break
             if line:
-                if fatal or held or _NATIVE_RECORD.match(line) or _FATAL_START.match(line):
+                fatal = fatal or bool(_FATAL_START.match(line))
+                if fatal or held or _NATIVE_RECORD.match(line):
                     held_since = held_since if held else time.monotonic()
                     held.append(line)
-                    fatal = fatal or bool(_FATAL_START.match(line))
                 else:
                     say.write(line)
                     say.flush()

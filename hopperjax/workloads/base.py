@@ -54,8 +54,10 @@ class Workload(abc.ABC):
         ``remat.names`` / ``remat.offload_names`` choose from.
       fp8_layers: Dense layer names ``fp8.layers`` may list; default_fp8_layers: those FP8 runs
         in when ``fp8.layers`` is null.
-      mutable: variable collections the model updates in training (e.g. ``("batch_stats",)``);
-        the train state carries them as ``model_state``, checkpoints them, and eval reads them.
+      mutable: variable collections beyond ``params`` that the model updates in training (e.g.
+        ``("batch_stats",)``) or holds as untrained constants (DTA's standardization
+        statistics); the train state carries them as ``model_state``, checkpoints them, and eval
+        and ``restore_params`` read them.
       smoke_overrides: ``key=value`` overrides that shrink ``workload: <name>`` with its
         defaults to a model and data that need no file and build, train and evaluate in seconds
         on a CPU (the contract test runs every workload with them; so can a user).

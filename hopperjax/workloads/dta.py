@@ -329,16 +329,14 @@ class AffinityRegression(Workload):
             raise ConfigError(
                 "data.eval_fraction", f"expected 0 < fraction < 1, got {d.eval_fraction}"
             )
-        if d.group_by != "none" and d.source == "shards":
-            raise ConfigError(
-                "data.group_by",
-                "needs a pair table in memory (deepdta, csv, synthetic), not shards",
-            )
-        if d.standardize and d.source == "shards":
-            raise ConfigError(
-                "data.standardize",
-                "needs a pair table in memory (deepdta, csv, synthetic), not shards",
-            )
+        for key, asked in (
+            ("data.group_by", d.group_by != "none"),
+            ("data.standardize", d.standardize),
+        ):
+            if asked and d.source == "shards":
+                raise ConfigError(
+                    key, "needs a pair table in memory (deepdta, csv, synthetic), not shards"
+                )
         if config.train.microbatches > 1:
             raise ConfigError(
                 "train.microbatches",
