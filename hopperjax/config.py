@@ -323,13 +323,16 @@ class Config:
     """A whole run. ``workload`` picks the task (``hopperjax.workloads``); its module supplies the
     dataclasses of the ``model`` and ``data`` groups, so ``model`` and ``data`` hold instances of
     the workload's subclasses of ``ModelConfig`` and ``DataConfig``. ``seed``: in [0, 2**32) (an
-    unsigned 32-bit seed)."""
+    unsigned 32-bit seed). ``attention``: the softmax-attention kernel of every model: "auto"
+    (cuDNN flash attention on a GPU for bf16/fp16 shapes cuDNN takes, XLA otherwise), "xla", or
+    "cudnn" (refused, naming the reason, where cuDNN cannot run it)."""
 
     name: str = "run"
     workload: str = DEFAULT_WORKLOAD
     run_dir: str | None = None
     seed: int = 0
     precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8"] = "fp32"
+    attention: Literal["auto", "xla", "cudnn"] = "auto"
     model: ModelConfig = dataclasses.field(default_factory=_group_default("ModelConfig"))
     data: DataConfig = dataclasses.field(default_factory=_group_default("DataConfig"))
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)

@@ -58,3 +58,14 @@ def tiny_config(tmp_path):
         )
 
     return make
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` are skipped, with the backend named, where JAX has no GPU."""
+    backend = jax.default_backend()
+    if backend == "gpu":
+        return
+    skip = pytest.mark.skip(reason=f"needs a GPU; JAX's backend here is {backend}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

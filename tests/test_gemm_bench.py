@@ -130,6 +130,9 @@ def test_quick_cli_writes_csv_table_and_plot(tmp_path):
         reader = csv.DictReader(f)
         assert set(COLUMNS) <= set(reader.fieldnames)
         rows = list(reader)
+    # Each case is printed to stderr as it finishes: a sweep cut by a timeout still shows them.
+    progress = [line for line in proc.stderr.splitlines() if " N=" in line]
+    assert len(progress) == len(rows) and all("TFLOP/s" in line for line in progress)
     keys = [(r["dtype"], r["gemm"], int(r["n"]), int(r["k"]), int(r["m"])) for r in rows]
     expected = [
         (d, g, n, k, m)

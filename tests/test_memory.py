@@ -337,6 +337,17 @@ def test_find_batch_cli_result_fits_and_the_next_power_of_two_does_not(tmp_path,
     assert f"{search['learning_rate']:.3g}" in printed
 
 
+def test_batch_probe_is_not_refused_by_a_small_eval_split():
+    """The probe never evaluates: a train batch larger than the eval split (7 windows of 513
+    bytes here) still compiles and measures; it was refused on an H200 at 1B, sequence 2,048."""
+    overrides = [o for o in TINY if not o.startswith("train.batch_size")]
+    overrides += ["model.max_len=512", "data.seq_len=512", "data.eval_fraction=0.01"]
+    config = hopperjax.load_config(REPO / "configs" / "quickstart.yaml", overrides)
+    assert measure.at_batch(config, 64).train.eval_batch_size == jax.device_count()
+    peak, gemm_flops, model_flops = measure.probe_batch(config, 64)
+    assert peak > 0 and gemm_flops > 0 and model_flops > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Host heap (XLA:CPU's per-step temporary buffer stays resident)
 

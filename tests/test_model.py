@@ -17,6 +17,7 @@ import pytest
 from jax.sharding import PartitionSpec
 
 import hopperjax
+from hopperjax.config import ConfigError
 from hopperjax.models import layers
 from hopperjax.models.gpt import GPT, GPTConfig
 
@@ -434,3 +435,82 @@ def test_cpu_attention_matches_jax_dot_product_attention(causal, with_lengths, d
     for a, b in zip(got, want, strict=True):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         np.testing.assert_allclose(a, b, atol=tol * np.abs(b).max(), rtol=0)
+
+
+@pytest.mark.parametrize("implementation", ["auto", "xla"])
+def test_attention_kernels_agree_on_cpu(implementation):
+    """The ``attention`` key's CPU kernels ("auto": ``_attention_cpu``; "xla": JAX's XLA
+    softmax) give the same outputs within 2e-5 of the largest entry, padding mask included."""
+    keys = jax.random.split(jax.random.key(3), 3)
+    q, k, v = (jax.random.normal(key, (2, 12, 2, 8)) for key in keys)
+    lengths = jnp.array([12, 5], jnp.int32)
+    got = layers.attention(q, k, v, causal=False, lengths=lengths, implementation=implementation)
+    want = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths)
+    np.testing.assert_allclose(got, want, atol=2e-5 * float(jnp.abs(want).max()), rtol=0)
+
+
+class _FakeKernels:
+    """Stands in for ``jax.nn.dot_product_attention`` on a pretend GPU: records each call's
+    implementation; "cudnn" raises ``refuse`` when set, else answers with XLA's result."""
+
+    def __init__(self, refuse: Exception | None = None):
+        self.calls, self.refuse = [], refuse
+        self.real = jax.nn.dot_product_attention
+
+    def __call__(self, q, k, v, *, implementation=None, **kwargs):
+        self.calls.append(implementation)
+        if implementation == "cudnn" and self.refuse is not None:
+            raise self.refuse
+        return self.real(q, k, v, implementation="xla", **kwargs)
+
+
+@pytest.fixture
+def pretend_gpu(monkeypatch):
+    monkeypatch.setattr(layers, "_backend", lambda: "gpu")
+
+    def install(refuse=None):
+        fake = _FakeKernels(refuse)
+        monkeypatch.setattr(jax.nn, "dot_product_attention", fake)
+        return fake
+
+    return install
+
+
+def test_auto_attention_asks_cudnn_first_on_a_gpu(pretend_gpu):
+    fake = pretend_gpu()
+    q = jnp.ones((1, 8, 2, 8), jnp.bfloat16)
+    out = layers.attention(q, q, q, causal=True, implementation="auto")
+    assert fake.calls == ["cudnn"] and out.dtype == jnp.bfloat16
+
+
+def test_auto_attention_falls_back_to_xla_when_cudnn_refuses(pretend_gpu, caplog):
+    fake = pretend_gpu(NotImplementedError("head_dim 7 is not a multiple of 8"))
+    q = jnp.ones((1, 8, 2, 7), jnp.bfloat16)
+    with caplog.at_level("WARNING", logger=layers.__name__):
+        layers.attention(q, q, q, causal=True, implementation="auto")
+    assert fake.calls == ["cudnn", "xla"]
+    assert "head_dim 7 is not a multiple of 8" in caplog.text
+
+
+def test_auto_attention_runs_fp32_on_xla_without_asking_cudnn(pretend_gpu, caplog):
+    fake = pretend_gpu()
+    q = jnp.ones((1, 8, 2, 8), jnp.float32)
+    with caplog.at_level("WARNING", logger=layers.__name__):
+        layers.attention(q, q, q, causal=False, implementation="auto")
+    assert fake.calls == ["xla"] and caplog.text == ""
+
+
+def test_cudnn_attention_refuses_in_one_line_naming_the_key(pretend_gpu):
+    pretend_gpu(ValueError("Sharding on sequence dim is not allowed."))
+    q = jnp.ones((1, 8, 2, 8), jnp.bfloat16)
+    with pytest.raises(ConfigError) as info:
+        layers.attention(q, q, q, causal=True, implementation="cudnn")
+    assert info.value.key == "attention" and "Sharding on sequence dim" in str(info.value)
+
+
+def test_cudnn_attention_is_refused_off_gpu():
+    with pytest.raises(ConfigError) as info:
+        layers.check_attention("cudnn")
+    assert info.value.key == "attention" and "backend is cpu" in str(info.value)
+    layers.check_attention("auto")
+    layers.check_attention("xla")

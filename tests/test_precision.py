@@ -9,6 +9,7 @@ from conftest import REPO
 
 import hopperjax
 from hopperjax.config import ConfigError
+from hopperjax.models import layers
 from hopperjax.precision.fp8 import FP8_COLLECTION, transformer_engine_error
 from hopperjax.trainer import build_components
 from hopperjax.workloads.lm import cross_entropy
@@ -146,6 +147,35 @@ def test_te_backend_without_transformer_engine_is_a_config_error(tiny_config):
     with pytest.raises(ConfigError) as info:
         build_components(tiny_config("precision=fp8", "fp8.backend=te"))
     assert info.value.key == "fp8.backend" and "pip install" in str(info.value)
+
+
+def test_cudnn_attention_off_gpu_is_a_config_error(tiny_config):
+    with pytest.raises(ConfigError) as info:
+        build_components(tiny_config("attention=cudnn"))
+    assert info.value.key == "attention" and "NVIDIA GPU" in str(info.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_cudnn_attention_matches_xla_on_gpu(causal):
+    """cuDNN flash attention (bf16) equals XLA's softmax within 2e-2 of the largest entry,
+    outputs and input gradients, padding mask included."""
+    keys = jax.random.split(jax.random.key(0), 4)
+    q, k, v, probe = (jax.random.normal(key, (2, 256, 4, 64), jnp.bfloat16) for key in keys)
+    lengths = jnp.array([256, 100], jnp.int32)
+
+    def run(implementation):
+        def loss(q, k, v):
+            out = layers.attention(
+                q, k, v, causal=causal, lengths=lengths, implementation=implementation
+            )
+            return jnp.sum(out.astype(jnp.float32) * probe)
+
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)[1]
+
+    for a, b in zip(run("cudnn"), run("xla"), strict=True):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        np.testing.assert_allclose(a, b, atol=2e-2 * np.abs(b).max(), rtol=0)
 
 
 @pytest.mark.gpu

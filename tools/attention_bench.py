@@ -1,11 +1,14 @@
-"""Times ``layers.attention`` against ``jax.nn.dot_product_attention``, forward + backward.
+"""Times ``layers.attention`` per kernel (the ``attention`` key), forward + backward, and checks
+each against XLA's softmax on the same inputs.
 
     python tools/attention_bench.py [--shape 12,64,4,32] [--dtype float32] [--causal]
-        [--repeats 400]
+        [--implementations auto,xla,cudnn] [--repeats 400]
 
-Both are compiled once and called on the same q, k, v ([batch, length, heads, head_dim]);
-prints one JSON object with each one's median milliseconds per call. On CPU ``layers.attention``
-takes its own path (``_attention_cpu``); elsewhere it is the same call and the two agree.
+Each implementation is compiled once and called on the same q, k, v ([batch, length, heads,
+head_dim]); prints one JSON object: median milliseconds per call (``ms``), the largest output and
+input-gradient difference from "xla" relative to its largest entry (``rel_err_vs_xla``), and why
+an implementation could not run here (``skipped``: "cudnn" without a GPU, say). On CPU "auto" is
+``layers._attention_cpu``; on a GPU it is cuDNN flash attention where cuDNN takes the shapes.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from hopperjax.config import ConfigError
 from hopperjax.models import layers
 
 
@@ -35,32 +40,51 @@ def median_ms(fn, args, repeats: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="12,64,4,32", help="batch,length,heads,head_dim")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--implementations", default="auto,xla,cudnn")
     parser.add_argument("--repeats", type=int, default=400)
     args = parser.parse_args(argv)
     shape = tuple(int(s) for s in args.shape.split(","))
     keys = jax.random.split(jax.random.key(0), 3)
     qkv = [jax.random.normal(k, shape, jnp.dtype(args.dtype)) for k in keys]
 
-    def forward_backward(attend):
+    def forward_backward(implementation):
         def loss(q, k, v):
-            return jnp.sum(attend(q, k, v).astype(jnp.float32) ** 2)
+            out = layers.attention(q, k, v, causal=args.causal, implementation=implementation)
+            return jnp.sum(out.astype(jnp.float32) ** 2), out
 
-        return jax.value_and_grad(loss, argnums=(0, 1, 2))
+        return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
 
-    ours = forward_backward(lambda q, k, v: layers.attention(q, k, v, causal=args.causal))
-    jax_call = forward_backward(
-        lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=args.causal)
-    )
     report = {
         "backend": jax.default_backend(),
+        "device": jax.devices()[0].device_kind,
         "shape": shape,
         "dtype": args.dtype,
         "causal": args.causal,
-        "layers_attention_ms": median_ms(ours, qkv, args.repeats),
-        "jax_dot_product_attention_ms": median_ms(jax_call, qkv, args.repeats),
+        "ms": {},
+        "rel_err_vs_xla": {},
+        "skipped": {},
     }
+    reference = None
+    names = [n.strip() for n in args.implementations.split(",") if n.strip()]
+    for name in ["xla"] + [n for n in names if n != "xla"]:
+        fn = forward_backward(name)
+        try:
+            (_, out), grads = jax.jit(fn)(*qkv)
+        except ConfigError as err:
+            report["skipped"][name] = str(err)
+            continue
+        values = [np.asarray(x, np.float32) for x in (out, *grads)]
+        if reference is None:
+            reference = values
+        else:
+            report["rel_err_vs_xla"][name] = max(
+                float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+                for a, b in zip(values, reference, strict=True)
+            )
+        if name in names:
+            report["ms"][name] = median_ms(fn, qkv, args.repeats)
     print(json.dumps(report))
     return 0
 

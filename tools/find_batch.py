@@ -124,13 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     for s in searches if args.measure_steps else []:
         if s.batch_size is None:
             continue
-        run = config.replace(
-            **{
-                "remat.policy": s.remat,
-                "train.microbatches": s.microbatches,
-                "train.batch_size": s.batch_size,
-                "train.eval_batch_size": None,
-            }
+        run = measure.at_batch(
+            config.replace(**{"remat.policy": s.remat, "train.microbatches": s.microbatches}),
+            s.batch_size,
         )
         seconds = measure.measure_step_seconds(run, steps=args.measure_steps)
         examples = workload.examples_per_step(s.batch_size)

@@ -172,16 +172,30 @@ def bench_gemm(
     return dataclasses.replace(base, median_s=median, min_s=min(times), tflops=tflops, pct_peak=pct)
 
 
-def run_sweep(sweep: Sweep) -> list[Row]:
-    """Every (dtype, (K, M), N, gemm) of the sweep, in that nesting order."""
+def run_sweep(sweep: Sweep, on_row=None) -> list[Row]:
+    """Every (dtype, (K, M), N, gemm) of the sweep, in that nesting order; ``on_row(row)`` is
+    called as each one finishes (the CLI prints it, so a run cut short still shows its rows)."""
     kind = jax.devices()[0].device_kind
-    return [
-        bench_gemm(g, d, n, k, m, device_kind=kind, warmup=sweep.warmup, repeats=sweep.repeats)
-        for d in sweep.dtypes
-        for k, m in sweep.layers
-        for n in sweep.batches
-        for g in GEMMS
-    ]
+    rows = []
+    for d in sweep.dtypes:
+        for k, m in sweep.layers:
+            for n in sweep.batches:
+                for g in GEMMS:
+                    row = bench_gemm(
+                        g, d, n, k, m, device_kind=kind, warmup=sweep.warmup, repeats=sweep.repeats
+                    )
+                    rows.append(row)
+                    if on_row is not None:
+                        on_row(row)
+    return rows
+
+
+def progress_line(row: Row) -> str:
+    """One finished case, for stderr while the sweep runs."""
+    shape = f"{row.dtype} {row.gemm} N={row.n} K={row.k} M={row.m}"
+    if row.skipped:
+        return f"{shape}: skipped ({row.skipped})"
+    return f"{shape}: {row.median_s * 1e3:.3f} ms, {row.tflops:.1f} TFLOP/s"
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
@@ -307,7 +321,10 @@ def resolve_sweep(args: argparse.Namespace, backend: str) -> Sweep:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    rows = run_sweep(resolve_sweep(args, jax.default_backend()))
+    rows = run_sweep(
+        resolve_sweep(args, jax.default_backend()),
+        on_row=lambda row: print(progress_line(row), file=sys.stderr, flush=True),
+    )
     csv_path = args.out_dir / "gemm_bench.csv"
     write_csv(rows, csv_path)
     print(json.dumps([dataclasses.asdict(r) for r in rows]) if args.json else format_table(rows))

@@ -6,6 +6,7 @@ mesh axis itself: precision and parallelism stay one config key each.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,8 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hopperjax.config import ConfigError
 from hopperjax.precision import Policy
 from hopperjax.precision.fp8 import fp8_dot_general_cls
+
+_log = logging.getLogger(__name__)
 
 Axes = tuple[str | None, ...]
 
@@ -173,9 +177,20 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return rotated.astype(x.dtype)
 
 
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Causal softmax attention (see ``attention``). q, k, v: [batch, length, heads, head_dim]."""
-    return attention(q, k, v, causal=True)
+def _backend() -> str:
+    return jax.default_backend()
+
+
+def check_attention(implementation: str) -> None:
+    """Raises ConfigError (exit 2) when ``attention: cudnn`` is asked of a backend without cuDNN."""
+    backend = _backend()
+    if implementation == "cudnn" and backend not in _CUDNN_BACKENDS:
+        raise ConfigError(
+            "attention", f"cudnn needs an NVIDIA GPU; this run's backend is {backend} (use auto)"
+        )
+
+
+_CUDNN_BACKENDS = ("gpu", "cuda")
 
 
 def attention(
@@ -185,23 +200,56 @@ def attention(
     *,
     causal: bool,
     lengths: jax.Array | None = None,
+    implementation: str = "auto",
 ) -> jax.Array:
-    """Softmax attention: ``jax.nn.dot_product_attention`` on GPUs, ``_attention_cpu`` on CPU.
+    """Softmax attention through the kernel ``implementation`` names (the ``attention`` key).
 
-    On GPUs that call lowers to cuDNN flash attention (Hopper) when shapes and dtypes allow, and
-    to an XLA softmax (fp32 accumulation) elsewhere.
+    "auto": on a GPU, cuDNN's fused flash attention (``jax.nn.dot_product_attention(...,
+    implementation="cudnn")``: no [T, S] score matrix in memory, masks applied in the kernel)
+    whenever cuDNN takes the call (bf16/fp16 and head sizes it supports), else XLA's softmax;
+    on CPU ``_attention_cpu``. JAX's own default (implementation=None) is XLA's softmax, which
+    keeps every layer's [T, S] scores for the backward (gpt_medium at batch 16 on an H200: 67 GiB
+    of step temporaries). "xla": XLA's softmax everywhere. "cudnn": cuDNN, or a ConfigError
+    saying why not.
 
     Args:
       q, k, v: [batch, length, heads, head_dim]
       causal: each position attends only to itself and earlier ones.
       lengths: [batch] int32 valid positions per row; keys at or past it are masked (padding).
+      implementation: "auto", "xla" or "cudnn".
     Returns:
       [batch, length, heads, head_dim]
     """
-    if jax.default_backend() == "cpu":
+    backend = _backend()
+    if implementation == "auto" and backend == "cpu":
         return _attention_cpu(q, k, v, causal=causal, lengths=lengths)
+    check_attention(implementation)
+    if implementation == "cudnn" or (implementation == "auto" and backend in _CUDNN_BACKENDS):
+        if q.dtype not in (jnp.bfloat16, jnp.float16):
+            reason = f"cuDNN flash attention takes bf16/fp16, not {q.dtype}"
+        else:
+            reason = None
+            try:
+                with jax.named_scope("attention"):
+                    out = jax.nn.dot_product_attention(
+                        q,
+                        k,
+                        v,
+                        is_causal=causal,
+                        key_value_seq_lengths=lengths,
+                        implementation="cudnn",
+                    )
+                return out.astype(q.dtype)
+            except (ValueError, NotImplementedError, RuntimeError) as err:
+                reason = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+        if implementation == "cudnn":
+            raise ConfigError("attention", f"cudnn cannot run this attention ({reason})")
+        if q.dtype in (jnp.bfloat16, jnp.float16):  # fp32/tf32 runs expect XLA: no warning
+            _log.warning("attention: auto runs XLA's softmax here, cuDNN refused: %s", reason)
     with jax.named_scope("attention"):
-        out = jax.nn.dot_product_attention(q, k, v, is_causal=causal, key_value_seq_lengths=lengths)
+        out = jax.nn.dot_product_attention(
+            q, k, v, is_causal=causal, key_value_seq_lengths=lengths, implementation="xla"
+        )
     return out.astype(q.dtype)
 
 

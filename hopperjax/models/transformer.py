@@ -97,7 +97,9 @@ class Block(nn.Module):
             positions = jnp.arange(x.shape[1])
             q = layers.rope(q, positions, cfg.rope_theta)
             k = layers.rope(k, positions, cfg.rope_theta)
-        attn = layers.attention(q, k, v, causal=self.causal, lengths=lengths)  # (B, T, nh, hd)
+        attn = layers.attention(
+            q, k, v, causal=self.causal, lengths=lengths, implementation=policy.attention
+        )  # (B, T, nh, hd)
         attn = checkpoint_name(attn, "attention")
         attn = layers.dense(
             cfg.d_model,

@@ -31,6 +31,8 @@ class Policy:
       fp8_backend: "xla" (Flax fp8 ops) or "te" (Transformer Engine).
       amax_history_length: delayed-scaling window of the FP8 scales.
       loss_scaling: whether the step scales the loss (dynamic loss scaling).
+      attention: the ``attention`` config value: which softmax-attention kernel the models'
+        ``layers.attention`` calls ("auto", "xla" or "cudnn").
     """
 
     name: str
@@ -42,6 +44,7 @@ class Policy:
     fp8_backend: str = "xla"
     amax_history_length: int = 1024
     loss_scaling: bool = False
+    attention: str = "auto"
 
     def uses_fp8(self, layer_name: str) -> bool:
         return layer_name in self.fp8_layers
@@ -81,4 +84,5 @@ def policy_from_config(config: Config, *, default_fp8_layers: Sequence[str] = ()
         overrides["amax_history_length"] = config.fp8.amax_history_length
     if config.loss_scale.enabled is not None:
         overrides["loss_scaling"] = config.loss_scale.enabled
+    overrides["attention"] = config.attention
     return get_policy(config.precision, **overrides)

@@ -22,6 +22,7 @@ from hopperjax import workloads
 from hopperjax.config import Config, ConfigError
 from hopperjax.data import Datasets, ProcessShard
 from hopperjax.memory import offload
+from hopperjax.models.layers import check_attention
 from hopperjax.observe import flops
 from hopperjax.optim import DEFAULT_GROUP, build_optimizer
 from hopperjax.parallel import (
@@ -244,6 +245,7 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
     batch_sharding = {name: logical_sharding(mesh, f.axes, rules) for name, f in fields.items()}
     policy = _policy(config, workload)
     check_backend(policy)
+    check_attention(policy.attention)
     model = workload.build_model(policy, config.remat)
     tx, schedule = build_optimizer(
         config.optim,

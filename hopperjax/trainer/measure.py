@@ -13,7 +13,18 @@ from hopperjax.config import Config, ConfigError
 from hopperjax.data import to_global_batch
 from hopperjax.memory import budget, host_heap
 from hopperjax.observe import hlo as hlo_lib
+from hopperjax.parallel import batch_axis_size, build_mesh
 from hopperjax.trainer.components import Components, build_components
+
+
+def at_batch(
+    config: Config, batch_size: int, *, devices: Sequence[jax.Device] | None = None
+) -> Config:
+    """``config`` at train batch ``batch_size`` for a probe or a timing, which never evaluates:
+    the eval batch is the smallest the mesh takes, so that a small eval split (the embedded
+    corpus holds 9 windows of 2,049 bytes) cannot refuse a large train batch."""
+    ways = batch_axis_size(build_mesh(config.mesh, devices))
+    return config.replace(**{"train.batch_size": batch_size, "train.eval_batch_size": ways})
 
 
 def probe_batch(
@@ -21,8 +32,7 @@ def probe_batch(
 ) -> tuple[int, float, float]:
     """(peak bytes, GEMM FLOPs, model FLOPs), per device, of the train step at ``batch_size``;
     compiled, never run."""
-    sized = config.replace(**{"train.batch_size": batch_size, "train.eval_batch_size": None})
-    parts = build_components(sized, devices=devices)
+    parts = build_components(at_batch(config, batch_size, devices=devices), devices=devices)
     compiled = parts.lower_train_step().compile()
     memory = budget.compiled_memory(compiled)
     if not memory:
