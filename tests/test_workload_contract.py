@@ -1,7 +1,8 @@
 """The workload contract, run for every workload: each built-in one (``hopperjax/workloads/``,
 so a new module is covered by existing) and the test-defined ``toy`` (``toy_workload.py``).
 
-Each is shrunk with its own ``smoke_overrides`` and must build, train, evaluate, resume exactly,
+Each is shrunk with its own ``smoke_overrides`` (a ``VARIANTS`` case adds its own keys: another
+encoder of the same workload) and must build, train, evaluate, resume exactly,
 restore its parameters without its optimizer or data, compile to the FLOPs its model's formula
 gives, and lay its parameters out as its golden file says.
 """
@@ -24,12 +25,16 @@ from hopperjax.inspect import inspect_config
 from hopperjax.parallel import merge_rules
 
 NAMES = [*workloads.builtin_names(), "toy"]
+# Other models of a workload that the contract covers too: case -> (workload, extra overrides).
+VARIANTS = {"dta-gin": ("dta", ("model.drug_encoder=gin", "data.synthetic_smiles=true"))}
+CASES = [*NAMES, *VARIANTS]
 GOLDEN = REPO / "tests" / "golden"
 # Set to write missing or changed golden files instead of failing (then review the diff).
 UPDATE_GOLDEN = os.environ.get("HOPPERJAX_UPDATE_GOLDEN") == "1"
 
 
-def smoke_config(name: str, run_dir: Path, *overrides: str) -> hopperjax.Config:
+def smoke_config(case: str, run_dir: Path, *overrides: str) -> hopperjax.Config:
+    name, extra = VARIANTS.get(case, (case, ()))
     cls = workloads.get(name)
     assert cls.smoke_overrides, f"workload {name!r} declares no smoke_overrides"
     return hopperjax.load_config(
@@ -44,6 +49,7 @@ def smoke_config(name: str, run_dir: Path, *overrides: str) -> hopperjax.Config:
             "train.eval_batches=1",
             "train.checkpoint_every=2",
             "optim.warmup_steps=1",
+            *extra,
             *overrides,
         ],
     )
@@ -54,7 +60,7 @@ def test_the_builtin_workloads_are_found_by_name():
     assert set(NAMES) <= set(workloads.names())
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", CASES)
 def test_trains_evaluates_resumes_exactly_and_restores_params(name, tmp_path):
     straight = hopperjax.train(smoke_config(name, tmp_path / "straight"), console=False)
     first = hopperjax.train(
@@ -85,7 +91,8 @@ def test_trains_evaluates_resumes_exactly_and_restores_params(name, tmp_path):
 
     # Parameters (and model state) alone, from the model and eval_shape: no optimizer, no data.
     restored = hopperjax.restore_params(second.run_dir)
-    assert restored.step == 4 and restored.workload.config.workload == name
+    workload = VARIANTS.get(name, (name,))[0]
+    assert restored.step == 4 and restored.workload.config.workload == workload
     trained = {"params": second.state.params, **(second.state.model_state or {})}
     if second.state.fp8 is not None:
         trained.update(second.state.fp8)
@@ -94,7 +101,7 @@ def test_trains_evaluates_resumes_exactly_and_restores_params(name, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", CASES)
 def test_compiled_flops_match_the_models_own_count(name, tmp_path):
     report = inspect_config(smoke_config(name, tmp_path / "run"))
     assert report["model_flops_per_step"] > 0
@@ -123,7 +130,7 @@ def _specs(name: str, tmp_path: Path) -> dict[str, list]:
     return out
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", CASES)
 def test_partition_specs_match_golden(name, tmp_path):
     actual = _specs(name, tmp_path)
     path = GOLDEN / f"{name}_partition_specs.json"

@@ -70,14 +70,15 @@ class PairSource(_PairIndex):
         }
 
 
-def _padded_table(distinct: np.ndarray, rows: int, what: str) -> np.ndarray:
-    """``distinct`` token rows, zero-padded to ``rows`` (static shapes under jit)."""
+def _padded_table(distinct: np.ndarray, rows: int, what: str, fill: int = 0) -> np.ndarray:
+    """``distinct`` rows (of tokens, or of any per-molecule array), padded with ``fill`` to
+    ``rows`` (static shapes under jit)."""
     if len(distinct) > rows:
         raise ValueError(
             f"the batch has {len(distinct)} distinct {what}s but the table has {rows} rows; "
             f"size it as min(batch size, distinct {what}s in the data)"
         )
-    table = np.zeros((rows, distinct.shape[1]), distinct.dtype)
+    table = np.full((rows, *distinct.shape[1:]), fill, distinct.dtype)
     table[: len(distinct)] = distinct
     return table
 
@@ -90,9 +91,14 @@ def batch_from_ids(
     drug_rows: int,
     protein_rows: int,
     dedup: bool,
+    drug_graphs: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """A batch of ``PairIds`` items -> the model's tables and per-pair indices, as
-    ``dedup_batch`` makes them from token rows (``dedup=False``: one table row per pair)."""
+    ``dedup_batch`` makes them from token rows (``dedup=False``: one table row per pair).
+
+    ``drug_graphs``: per drug id (atoms, bonds) of ``mol_graphs.graph_table``; the drug tables
+    are then ``drug_atoms`` and ``drug_bonds`` (padding rows: no atoms, bonds from -1) instead of
+    ``drug_tokens``."""
     out = {"affinity": np.asarray(batch["affinity"], np.float32)}
     for what, tokens, rows in (
         ("drug", drug_tokens, drug_rows),
@@ -102,7 +108,13 @@ def batch_from_ids(
         distinct, index = (
             np.unique(ids, return_inverse=True) if dedup else (ids, np.arange(len(ids)))
         )
-        out[f"{what}_tokens"] = _padded_table(tokens[distinct], rows, what)
+        if what == "drug" and drug_graphs is not None:
+            atoms, bonds = drug_graphs
+            out["drug_atoms"] = _padded_table(atoms[distinct], rows, what)
+            out["drug_bonds"] = _padded_table(bonds[distinct], rows, what, fill=-1)
+            out["drug_bonds"][len(distinct) :, :, 2] = 0
+        else:
+            out[f"{what}_tokens"] = _padded_table(tokens[distinct], rows, what)
         out[f"{what}_index"] = index.reshape(-1).astype(np.int32)
     return out
 

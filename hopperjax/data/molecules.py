@@ -588,6 +588,50 @@ def _random_strings(
     return [text[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
 
 
+# Whole fragments a random chain is built from: each keeps every atom's valence legal wherever
+# it is joined (a nitrile only as a branch: "C#N" followed by an atom would give nitrogen four
+# bonds). The motifs of ``DRUG_MOTIFS`` are written as such fragments too.
+FILLER_FRAGMENTS = ("C", "C", "C", "CC", "N", "O", "C(C)", "C(=O)", "c1ccccc1", "C1CCNCC1")
+MOTIF_FRAGMENTS = {
+    "C(=O)N": "C(=O)N",
+    "c1ccncc1": "c1ccncc1",
+    "S(=O)(=O)": "S(=O)(=O)",
+    "C#N": "C(C#N)",
+}
+
+
+def fragment_smiles(
+    rng: np.random.Generator,
+    count: int,
+    length: tuple[int, int],
+    motifs: Sequence[str],
+    per_100: float,
+) -> list[str]:
+    """``count`` random valid SMILES of ``length`` characters or a fragment more: each motif
+    fragment comes a per-molecule number of times (Poisson, its rate exponential around
+    ``per_100`` per 100 characters; at most the length's worth), ``FILLER_FRAGMENTS`` fill the
+    rest, all in random order (as ``_random_strings`` does for plain strings)."""
+    targets = rng.integers(length[0], length[1] + 1, count)
+    out = []
+    for target in targets.tolist():
+        pieces = [
+            MOTIF_FRAGMENTS[motif]
+            for motif in motifs
+            for _ in range(rng.poisson(rng.exponential(per_100) * target / 100))
+        ]
+        rng.shuffle(pieces)
+        while pieces and sum(map(len, pieces)) > target:
+            pieces.pop()
+        size = sum(map(len, pieces))
+        while size < target:
+            piece = FILLER_FRAGMENTS[rng.integers(len(FILLER_FRAGMENTS))]
+            pieces.append(piece)
+            size += len(piece)
+        rng.shuffle(pieces)
+        out.append("".join(pieces))
+    return out
+
+
 def _standardize(counts: np.ndarray) -> np.ndarray:
     return (counts - counts.mean(0)) / (counts.std(0) + 1e-6)
 
@@ -600,6 +644,7 @@ def synthetic_dta(
     seed: int = 0,
     drug_len: tuple[int, int] = (30, 80),
     protein_len: tuple[int, int] = (200, 1000),
+    valid_smiles: bool = False,
 ) -> DtaTable:
     """Random drugs, proteins and pairs whose affinity a model can learn only from the sequences.
 
@@ -614,7 +659,9 @@ def synthetic_dta(
     the variance; the drug and protein effects alone explain 20-60 % of it, depending on the
     seed, and the drug-protein interaction the rest: a model must read both sequences to fit it.
     Pairs are drawn uniformly with replacement. Vectorized: only the distinct molecules are
-    strings, so tens of millions of pairs take seconds.
+    strings, so tens of millions of pairs take seconds. ``valid_smiles``: drugs are chains of
+    whole fragments that RDKit parses (``fragment_smiles``; the graph encoder needs
+    them) instead of random characters; the motifs and the affinity formula are the same.
     """
     for name, value in (("drugs", num_drugs), ("proteins", num_proteins), ("pairs", num_pairs)):
         if value < 1:
@@ -626,7 +673,10 @@ def synthetic_dta(
         if not max(map(len, motifs)) <= lo <= hi:
             raise ValueError(f"{name} must be (lo, hi) with {max(map(len, motifs))} <= lo <= hi")
     rng = np.random.default_rng(seed)
-    drugs = _random_strings(rng, num_drugs, drug_len, "CCCCCCcccccNNOO()=12", DRUG_MOTIFS, 2.0)
+    if valid_smiles:
+        drugs = fragment_smiles(rng, num_drugs, drug_len, DRUG_MOTIFS, 2.0)
+    else:
+        drugs = _random_strings(rng, num_drugs, drug_len, "CCCCCCcccccNNOO()=12", DRUG_MOTIFS, 2.0)
     proteins = _random_strings(
         rng, num_proteins, protein_len, "ACDEFGHIKLMNPQRSTVWY", PROTEIN_MOTIFS, 0.5
     )

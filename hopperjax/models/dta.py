@@ -41,14 +41,16 @@ class DTAConfig(config_lib.ModelConfig):
 
     Each encoder is ``cnn`` (DeepDTA: three 1-D convolutions of ``filters``, 2x and 3x channels,
     ReLU, global max pool) or ``transformer`` (``layers`` pre-norm blocks of width ``d_model`` from
-    the shared transformer blocks, bidirectional with padding masked, mean-pooled).
+    the shared transformer blocks, bidirectional with padding masked, mean-pooled). The drug
+    encoder can also be ``gin``: a graph isomorphism network over the molecule's atoms and bonds
+    (``GraphEncoder``: ``gnn_layers`` rounds of width ``gnn_dim``).
     ``protein_pool`` > 1 max-pools the protein sequence by that factor after each of the first two
     convolutions. ``head_dims``: the MLP on the concatenated drug and protein vectors
     (comma-separated). ``dropout``: after each head layer but the last, and in the transformer
     blocks, in [0, 1). Sizes, ``norm_eps`` and ``init_std`` are > 0.
     """
 
-    drug_encoder: Literal["cnn", "transformer"] = "cnn"
+    drug_encoder: Literal["cnn", "transformer", "gin"] = "cnn"
     protein_encoder: Literal["cnn", "transformer"] = "cnn"
     embed_dim: int = 128
     filters: int = 32
@@ -62,6 +64,8 @@ class DTAConfig(config_lib.ModelConfig):
     dropout: float = 0.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    gnn_dim: int = 128
+    gnn_layers: int = 4
 
     @property
     def head_sizes(self) -> tuple[int, ...]:
@@ -83,7 +87,7 @@ class DTAConfig(config_lib.ModelConfig):
         """Raises ConfigError naming the ``model.*`` key of the first bad value."""
         for key in ("embed_dim", "filters", "drug_kernel", "protein_kernel", "protein_pool"):
             config_lib.positive(f"model.{key}", getattr(self, key))
-        for key in ("d_model", "layers", "heads", "norm_eps", "init_std"):
+        for key in ("d_model", "layers", "heads", "norm_eps", "init_std", "gnn_dim", "gnn_layers"):
             config_lib.positive(f"model.{key}", getattr(self, key))
         if self.d_model % self.heads:
             raise config_lib.ConfigError(
@@ -179,6 +183,87 @@ class TransformerEncoder(nn.Module):
         return (x * weights).sum(axis=1) / jnp.maximum(weights.sum(axis=1), 1.0)
 
 
+class GraphEncoder(nn.Module):
+    """A graph isomorphism network (GIN, with bond types in the messages) over each molecule.
+
+    Node states start as the sum of one embedding per atom feature. Each of ``gnn_layers`` rounds
+    sends ``relu(h[source] + bond_embedding)`` along every directed bond, sums what each atom
+    receives (``jax.ops.segment_sum`` over the batch's atoms flattened into one graph), and
+    updates ``h += relu(norm(mlp((1 + eps) h + received)))``. The readout normalizes the atom
+    states, concatenates their mean and max over the molecule's real atoms (so the scale does
+    not grow with the molecule) and projects to ``gnn_dim``.
+    Padding atoms (element 0) and bonds (source -1) take no part, so the output does not depend
+    on the padding, nor on the order of atoms or bonds.
+    """
+
+    atom_vocab: tuple[int, ...]  # categories per atom feature (the data's ATOM_FEATURES)
+    bond_types: int
+    config: DTAConfig
+    policy: Policy
+
+    @nn.compact
+    def __call__(self, atoms: jax.Array, bonds: jax.Array) -> jax.Array:
+        """atoms [N, A, features], bonds [N, E, 3] (source, target, type) -> [N, gnn_dim]."""
+        cfg, policy = self.config, self.policy
+        dim, compute = cfg.gnn_dim, policy.compute_dtype
+        n, a = atoms.shape[:2]
+        atoms, bonds = atoms.astype(jnp.int32), bonds.astype(jnp.int32)
+        real_atom = atoms[..., 0] > 0  # [N, A]
+        h = sum(
+            layers.embed(
+                vocab, dim, axes=(CHARS, "embed"), policy=policy, std=cfg.init_std, name=f"atom{i}"
+            )(atoms[..., i])
+            for i, vocab in enumerate(self.atom_vocab)
+        )
+        h = h.reshape(n * a, dim).astype(compute)
+        real_bond = bonds[..., 0] >= 0  # [N, E]
+        offset = (jnp.arange(n, dtype=jnp.int32) * a)[:, None]
+        source = jnp.where(real_bond, bonds[..., 0] + offset, 0).reshape(-1)
+        # Padding bonds deliver to one extra segment past the last atom, dropped after the sum.
+        target = jnp.where(real_bond, bonds[..., 1] + offset, n * a).reshape(-1)
+        kinds = bonds[..., 2].reshape(-1)
+
+        def dense(width: int, fan_in: int, name: str) -> nn.Module:
+            return layers.dense(
+                width,
+                axes=("embed", "mlp") if name.endswith("in") else ("mlp", "embed"),
+                policy=policy,
+                std=math.sqrt(2.0 / fan_in),  # He init for ReLU
+                use_bias=True,
+                name=name,
+            )
+
+        for i in range(cfg.gnn_layers):
+            edge = layers.embed(
+                self.bond_types,
+                dim,
+                axes=(CHARS, "embed"),
+                policy=policy,
+                std=cfg.init_std,
+                name=f"bond{i}",
+            )(kinds)
+            message = nn.relu(h[source] + edge.astype(compute))
+            received = jax.ops.segment_sum(message, target, num_segments=n * a + 1)[:-1]
+            eps = self.param(f"eps{i}", nn.initializers.zeros_init(), (), jnp.float32)
+            x = ((1.0 + eps) * h + received).astype(compute)
+            x = nn.relu(dense(dim, dim, f"gin{i}_in")(x))
+            x = dense(dim, dim, f"gin{i}_out")(x)
+            x = layers.layer_norm(policy=policy, eps=cfg.norm_eps, use_bias=True, name=f"norm{i}")(
+                x
+            )
+            h = h + nn.relu(x).astype(compute)
+        h = layers.layer_norm(policy=policy, eps=cfg.norm_eps, use_bias=True, name="final_norm")(
+            h.reshape(n, a, dim)
+        )
+        mask = real_atom[..., None]
+        count = jnp.maximum(real_atom.sum(axis=1, keepdims=True), 1).astype(jnp.float32)
+        mean = jnp.where(mask, h, 0.0).sum(axis=1) / count
+        peak = jnp.where(mask, h, -jnp.inf).max(axis=1)
+        peak = jnp.where(real_atom.any(axis=1, keepdims=True), peak, 0.0)  # padding table rows
+        pooled = jnp.concatenate([mean, peak], axis=-1).astype(compute)
+        return nn.relu(dense(dim, 2 * dim, "readout_in")(pooled))
+
+
 class DTA(nn.Module):
     """Affinity of each (drug, protein) pair of a batch.
 
@@ -186,6 +271,8 @@ class DTA(nn.Module):
       config: encoder and head sizes.
       drug_vocab, protein_vocab: token ids of the two tokenizers (the workload passes them in;
         models never read data).
+      atom_vocab, bond_types: the graph encoder's categories per atom feature and bond types
+        (``drug_encoder: gin``; the workload passes the data's).
       target_stats: (mean, std) when the head predicts standardized affinities: the model then
         returns ``head * std + mean`` with both held in the ``target_stats`` variable collection
         (initialized from these values, the training split's; checkpointed with the model, so
@@ -199,28 +286,39 @@ class DTA(nn.Module):
     drug_vocab: int
     protein_vocab: int
     target_stats: tuple[float, float] | None = None
+    atom_vocab: tuple[int, ...] = ()
+    bond_types: int = 0
 
     def _encoder(self, kind: str, vocab: int, kernel: int, pool: int, name: str) -> nn.Module:
+        if kind == "gin":
+            return GraphEncoder(
+                self.atom_vocab, self.bond_types, self.config, self.policy, name=name
+            )
         if kind == "cnn":
             return ConvEncoder(vocab, self.config, kernel, pool, self.policy, name=name)
         return TransformerEncoder(vocab, self.config, self.policy, self.remat, name=name)
 
-    def _encode(self, encoder: nn.Module, tokens: jax.Array, deterministic: bool) -> jax.Array:
+    def _encode(
+        self, encoder: nn.Module, batch: dict[str, jax.Array], which: str, deterministic: bool
+    ) -> jax.Array:
+        if isinstance(encoder, GraphEncoder):
+            return encoder(batch[f"{which}_atoms"], batch[f"{which}_bonds"])
         if isinstance(encoder, TransformerEncoder):
-            return encoder(tokens, deterministic)
-        return encoder(tokens)
+            return encoder(batch[f"{which}_tokens"], deterministic)
+        return encoder(batch[f"{which}_tokens"])
 
     @nn.compact
     def __call__(self, batch: dict[str, jax.Array], *, deterministic: bool = True) -> jax.Array:
-        """batch: drug_tokens [Ud, Ld], protein_tokens [Up, Lp], drug_index, protein_index [B]
+        """batch: drug_tokens [Ud, Ld] (or, for ``gin``, drug_atoms [Ud, A, features] and
+        drug_bonds [Ud, E, 3]), protein_tokens [Up, Lp], drug_index, protein_index [B]
         -> predicted affinity [B] float32."""
         dta, policy = self.config, self.policy
         drugs = self._encoder(dta.drug_encoder, self.drug_vocab, dta.drug_kernel, 1, "drug")
         proteins = self._encoder(
             dta.protein_encoder, self.protein_vocab, dta.protein_kernel, dta.protein_pool, "protein"
         )
-        drug_vectors = self._encode(drugs, batch["drug_tokens"], deterministic)
-        protein_vectors = self._encode(proteins, batch["protein_tokens"], deterministic)
+        drug_vectors = self._encode(drugs, batch, "drug", deterministic)
+        protein_vectors = self._encode(proteins, batch, "protein", deterministic)
         x = jnp.concatenate(
             [
                 jnp.take(drug_vectors, batch["drug_index"], axis=0),
@@ -264,8 +362,12 @@ class DTA(nn.Module):
 def encoder_flops(config: DTAConfig, which: str, length: int) -> float:
     """Forward FLOPs of encoding one sequence (multiply-adds x 2; embeddings are lookups).
 
-    ``which``: "drug" or "protein"."""
+    ``which``: "drug" or "protein"; ``length``: tokens, or atom slots for ``gin`` (whose
+    message sums, E x gnn_dim additions per round, are left out like other non-matmul work)."""
     kind = config.drug_encoder if which == "drug" else config.protein_encoder
+    if kind == "gin":
+        dim = config.gnn_dim
+        return 2.0 * (config.gnn_layers * length * 2 * dim * dim + 2 * dim * dim)
     if kind == "transformer":
         d = config.d_model
         # qkv 3d^2, out d^2, MLP 8d^2 per token per layer; scores and values 2Ld per token.
@@ -287,6 +389,8 @@ def head_flops(config: DTAConfig) -> float:
     """Forward FLOPs of the head for one pair."""
 
     def width(kind: str) -> int:
+        if kind == "gin":
+            return config.gnn_dim
         return config.d_model if kind == "transformer" else CNN_WIDTHS[-1] * config.filters
 
     sizes = [width(config.drug_encoder) + width(config.protein_encoder), *config.head_sizes, 1]

@@ -22,7 +22,7 @@ import numpy as np
 from hopperjax import config as config_lib
 from hopperjax import scoring
 from hopperjax.config import Config, ConfigError, RematConfig
-from hopperjax.data import dta_batches, dta_shards, molecules
+from hopperjax.data import dta_batches, dta_shards, mol_graphs, molecules
 from hopperjax.models import dta as dta_model
 from hopperjax.models.transformer import BLOCK_ACTIVATIONS, BLOCK_DENSE_LAYERS
 from hopperjax.precision import Policy
@@ -53,12 +53,17 @@ class AffinityData(config_lib.DataConfig):
     prediction and score), and the loss is the MSE of standardized affinities, so its scale, the
     gradients' and the head's starting point do not depend on the dataset's units (pKd, KIBA
     scores); ``eval_loss`` is then standardized too, ``eval_mse`` stays in the data's units.
+    ``drug_max_atoms``: heavy-atom slots per drug graph (``model.drug_encoder: gin``; every
+    batch is padded to it, so the step compiles once; a bigger molecule is refused, naming it).
+    ``synthetic_smiles``: the synthetic drugs are valid SMILES built from fragments (the graph
+    encoder needs molecules RDKit parses) instead of random SMILES characters.
     """
 
     source: Literal["deepdta", "csv", "synthetic", "shards"] = "deepdta"
     path: str | None = None
     drug_max_len: int = 85
     protein_max_len: int = 1200
+    drug_max_atoms: int = 96
     pkd: bool = True
     unknown_chars: Literal["error", "skip", "unk"] = "error"
     bad_records: Literal["error", "skip"] = "error"
@@ -72,6 +77,7 @@ class AffinityData(config_lib.DataConfig):
     synthetic_pairs: int = 100_000
     synthetic_drugs: int = 2_000
     synthetic_proteins: int = 500
+    synthetic_smiles: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +115,7 @@ def load_table(config: Config) -> molecules.DtaTable:
             num_proteins=d.synthetic_proteins,
             num_pairs=d.synthetic_pairs,
             seed=config.seed,
+            valid_smiles=d.synthetic_smiles,
         )
     except molecules.DataError as e:
         raise ConfigError("data.path", str(e)) from None
@@ -176,6 +183,7 @@ class PairData:
     drug_index: np.ndarray | None = None  # per pair, when the pairs come from a table in memory
     protein_index: np.ndarray | None = None
     tokens: tuple[np.ndarray, np.ndarray] | None = None  # then pairs are ids into these tables
+    graphs: tuple[np.ndarray, np.ndarray] | None = None  # per drug id, for the graph encoder
 
 
 def load_pairs(config: Config) -> PairData:
@@ -207,6 +215,13 @@ def load_pairs(config: Config) -> PairData:
         drug_tokens, protein_tokens, table = molecules.tokenize_table(
             load_table(config), drug_tok, protein_tok
         )
+        graphs = None
+        if config.model.drug_encoder == "gin":
+            graphs = mol_graphs.graph_table(
+                table.drugs, d.drug_max_atoms, names=table.drug_ids, source=table.source
+            )
+    except mol_graphs.TooLarge as e:
+        raise ConfigError("data.drug_max_atoms", str(e)) from None
     except molecules.DataError as e:
         raise ConfigError("data.path", str(e)) from None
     pairs = dta_batches.PairIds(table.drug_index, table.protein_index, table.affinity)
@@ -221,6 +236,7 @@ def load_pairs(config: Config) -> PairData:
         drug_index=np.asarray(table.drug_index, np.int64),
         protein_index=np.asarray(table.protein_index, np.int64),
         tokens=(drug_tokens, protein_tokens),
+        graphs=graphs,
     )
 
 
@@ -246,13 +262,19 @@ def to_model_batch(
     block: int,
     dedup: bool,
     tokens: tuple[np.ndarray, np.ndarray] | None = None,
+    graphs: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """A batch of pairs -> distinct-row tables + per-pair indices (offset to this process's block
     of the global tables). Pairs come as token rows, or as molecule ids with ``tokens`` (the drug
-    and protein token tables) to gather from."""
+    and protein token tables) to gather from, and ``graphs`` (the drugs' graphs) for ``gin``."""
     if tokens is not None:
         out = dta_batches.batch_from_ids(
-            batch, *tokens, drug_rows=drug_rows, protein_rows=protein_rows, dedup=dedup
+            batch,
+            *tokens,
+            drug_rows=drug_rows,
+            protein_rows=protein_rows,
+            dedup=dedup,
+            drug_graphs=graphs,
         )
     elif dedup:
         out = dta_batches.dedup_batch(
@@ -317,8 +339,25 @@ class AffinityRegression(Workload):
                 raise ConfigError("data.path", f"not {what} directory: {d.path}")
         elif d.path:
             raise ConfigError("data.path", f"not used by data.source '{d.source}'")
-        for key in ("drug_max_len", "protein_max_len", "synthetic_pairs", "synthetic_drugs"):
+        if config.model.drug_encoder == "gin":
+            reason = mol_graphs.rdkit_error()
+            if reason is not None:
+                raise ConfigError(
+                    "model.drug_encoder", f"gin needs {mol_graphs.INSTALL_HINT} ({reason})"
+                )
+            if d.source == "shards":
+                raise ConfigError(
+                    "model.drug_encoder",
+                    "gin needs the drugs' SMILES in memory (deepdta, csv, synthetic), not shards",
+                )
+            if d.source == "synthetic" and not d.synthetic_smiles:
+                raise ConfigError(
+                    "data.synthetic_smiles",
+                    "model.drug_encoder=gin needs drugs RDKit parses: set it to true",
+                )
+        for key in ("drug_max_len", "protein_max_len", "drug_max_atoms", "synthetic_pairs"):
             config_lib.positive(f"data.{key}", getattr(d, key))
+        config_lib.positive("data.synthetic_drugs", d.synthetic_drugs)
         config_lib.positive("data.synthetic_proteins", d.synthetic_proteins)
         config_lib.positive("data.group_mix", d.group_mix)
         if not 0 <= d.valid_fold < 5:
@@ -364,6 +403,8 @@ class AffinityRegression(Workload):
             drug_vocab=drug.vocab_size,
             protein_vocab=protein.vocab_size,
             target_stats=stats,
+            atom_vocab=tuple(categories for _, categories in mol_graphs.ATOM_FEATURES),
+            bond_types=mol_graphs.BOND_TYPES,
         )
 
     def _std(self) -> float:
@@ -426,6 +467,7 @@ class AffinityRegression(Workload):
                 block=index,
                 dedup=d.deduplicate,
                 tokens=data.tokens,
+                graphs=data.graphs,
             )
             local = shard.rows(batch)
             order = order[index::count]
@@ -469,8 +511,17 @@ class AffinityRegression(Workload):
             drug_rows = processes * table_rows(local, drugs, d.deduplicate)
             protein_rows = processes * table_rows(local, proteins, d.deduplicate)
         pairs = (batch_size,)
+        if self.config.model.drug_encoder == "gin":
+            atoms, slots = d.drug_max_atoms, mol_graphs.edge_slots(d.drug_max_atoms)
+            features = len(mol_graphs.ATOM_FEATURES)
+            drug = {
+                "drug_atoms": Field((drug_rows, atoms, features), jnp.uint8, ("batch", None, None)),
+                "drug_bonds": Field((drug_rows, slots, 3), jnp.int16, ("batch", None, None)),
+            }
+        else:
+            drug = {"drug_tokens": Field((drug_rows, d.drug_max_len), jnp.int32, ("batch", None))}
         return {
-            "drug_tokens": Field((drug_rows, d.drug_max_len), jnp.int32, ("batch", None)),
+            **drug,
             "protein_tokens": Field((protein_rows, d.protein_max_len), jnp.int32, ("batch", None)),
             "drug_index": Field(pairs, jnp.int32, ("batch",)),
             "protein_index": Field(pairs, jnp.int32, ("batch",)),
@@ -479,8 +530,9 @@ class AffinityRegression(Workload):
         }
 
     def model_inputs(self, batch: Any) -> tuple[Any, ...]:
-        return ({k: batch[k] for k in ("drug_tokens", "protein_tokens", "drug_index",
-                                       "protein_index")},)  # fmt: skip
+        drug = ("drug_atoms", "drug_bonds") if "drug_atoms" in batch else ("drug_tokens",)
+        keys = (*drug, "protein_tokens", "drug_index", "protein_index")
+        return ({k: batch[k] for k in keys},)
 
     def loss(self, outputs: jax.Array, batch: Any) -> jax.Array:
         w = batch["weight"]
@@ -506,12 +558,14 @@ class AffinityRegression(Workload):
 
     def model_flops_per_step(self, batch_size: int, datasets: Datasets | None) -> float:
         fields = self.batch_fields(batch_size, datasets)
+        graph = self.config.model.drug_encoder == "gin"
+        drug = fields["drug_atoms" if graph else "drug_tokens"]
         return dta_model.train_flops_per_step(
             self.config.model,
-            drugs=fields["drug_tokens"].shape[0],
+            drugs=drug.shape[0],
             proteins=fields["protein_tokens"].shape[0],
             pairs=batch_size,
-            drug_len=self.config.data.drug_max_len,
+            drug_len=drug.shape[1],
             protein_len=self.config.data.protein_max_len,
         )
 
