@@ -437,16 +437,18 @@ def test_cpu_attention_matches_jax_dot_product_attention(causal, with_lengths, d
         np.testing.assert_allclose(a, b, atol=tol * np.abs(b).max(), rtol=0)
 
 
-@pytest.mark.parametrize("implementation", ["auto", "xla"])
-def test_attention_kernels_agree_on_cpu(implementation):
-    """The ``attention`` key's CPU kernels ("auto": ``_attention_cpu``; "xla": JAX's XLA
-    softmax) give the same outputs within 2e-5 of the largest entry, padding mask included."""
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_kernels_agree_on_cpu(causal):
+    """The ``attention`` key's two CPU kernels, "auto" (``_attention_cpu``) and "xla" (JAX's
+    XLA softmax), give the same outputs within 2e-5 of the largest entry, padding included."""
     keys = jax.random.split(jax.random.key(3), 3)
     q, k, v = (jax.random.normal(key, (2, 12, 2, 8)) for key in keys)
     lengths = jnp.array([12, 5], jnp.int32)
-    got = layers.attention(q, k, v, causal=False, lengths=lengths, implementation=implementation)
-    want = jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=lengths)
-    np.testing.assert_allclose(got, want, atol=2e-5 * float(jnp.abs(want).max()), rtol=0)
+    auto, xla = (
+        layers.attention(q, k, v, causal=causal, lengths=lengths, implementation=kind)
+        for kind in ("auto", "xla")
+    )
+    np.testing.assert_allclose(auto, xla, atol=2e-5 * float(jnp.abs(xla).max()), rtol=0)
 
 
 class _FakeKernels:
@@ -501,11 +503,14 @@ def test_auto_attention_runs_fp32_on_xla_without_asking_cudnn(pretend_gpu, caplo
 
 
 def test_cudnn_attention_refuses_in_one_line_naming_the_key(pretend_gpu):
-    pretend_gpu(ValueError("Sharding on sequence dim is not allowed."))
-    q = jnp.ones((1, 8, 2, 8), jnp.bfloat16)
+    pretend_gpu(NotImplementedError("head_dim should be a multiple of 8"))
+    q = jnp.ones((1, 8, 2, 7), jnp.bfloat16)
     with pytest.raises(ConfigError) as info:
         layers.attention(q, q, q, causal=True, implementation="cudnn")
-    assert info.value.key == "attention" and "Sharding on sequence dim" in str(info.value)
+    assert info.value.key == "attention" and "multiple of 8" in str(info.value)
+    pretend_gpu(RuntimeError(""))  # an empty message still makes a one-line reason
+    with pytest.raises(ConfigError, match=r"RuntimeError: \)"):
+        layers.attention(q, q, q, causal=True, implementation="cudnn")
 
 
 def test_cudnn_attention_is_refused_off_gpu():

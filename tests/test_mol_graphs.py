@@ -47,9 +47,7 @@ def test_atom_features_of_a_charged_nitrogen_and_plain_chain():
 def test_unparsable_and_too_large_molecules_are_one_line_errors():
     with pytest.raises(DataError, match=r"ligands.txt: drug 'x': RDKit cannot parse the SMILES"):
         mol_graphs.smiles_graph("C1CC(", 8, where="ligands.txt: drug 'x'")
-    with pytest.raises(
-        mol_graphs.TooLarge, match=r"7 heavy atoms, more than data.drug_max_atoms=6"
-    ):
+    with pytest.raises(mol_graphs.TooLarge, match=r"7 atoms, more than data.drug_max_atoms=6"):
         mol_graphs.smiles_graph("CCCCCCC", 6, where="t")
 
 
@@ -99,6 +97,20 @@ def test_graph_encoder_ignores_padding_and_atom_order():
     np.testing.assert_allclose(
         encoder.apply(params, shuffled_atoms, shuffled_bonds), out, atol=1e-5
     )
+
+
+def test_graph_encoder_gives_padding_rows_finite_vectors_and_gradients():
+    """A table row with no atoms (the padding rows of a batch's drug table) encodes to a finite
+    vector, and the loss's gradients stay finite (the max pool over no atoms is masked)."""
+    atoms, bonds = _graphs(["CCO"], 8)
+    atoms = np.concatenate([atoms, np.zeros_like(atoms)])
+    bonds = np.concatenate([bonds, np.full_like(bonds, -1)])
+    bonds[1, :, 2] = 0
+    encoder = _encoder()
+    params = encoder.init(jax.random.key(0), atoms, bonds)
+    out, grads = jax.value_and_grad(lambda p: encoder.apply(p, atoms, bonds).sum())(params)
+    assert np.isfinite(out)
+    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(grads))
 
 
 def test_graph_batches_gather_each_drug_once_and_pad_with_no_atoms():

@@ -71,7 +71,9 @@ else
   ATTN_PLATFORM=cuda  # the tests' conftest would pick the CPU otherwise
 fi
 status=()
-rm -rf /tmp/gpt_medium /tmp/wide_bf16 /tmp/wide_fp8  # this script's own run dirs: start fresh
+if [[ -z "${CHECKS:-}" || " $CHECKS " == *" train "* || " $CHECKS " == *" wide "* ]]; then
+  rm -rf /tmp/gpt_medium /tmp/wide_bf16 /tmp/wide_fp8  # this script's own run dirs: start fresh
+fi
 
 check() {  # check NAME SECONDS COMMAND...: runs one check, logs to $LOGS/NAME.log
   local name=$1 limit=$2; shift 2
@@ -101,9 +103,11 @@ check env 15 bash -c 'nvidia-smi; '"$PY"' -c "import jax, flax, optax, orbax.che
 print(jax.__version__, flax.__version__, optax.__version__, grain.__version__); print(jax.devices())"'
 # cuDNN flash attention (attention: auto on a GPU): the gpu-marked tests (cuDNN equals XLA's
 # softmax, values and gradients) and both kernels timed at gpt_medium's attention shape.
+# (pytest and pytest-xdist are in the device image; the bench runs whatever the tests say.)
 check attention 60 bash -c 'JAX_PLATFORMS=$2 "$0" -m pytest -q -n 0 -p no:cacheprovider -m gpu \
-  tests/test_precision.py && "$0" tools/attention_bench.py --shape "$1" --dtype bfloat16 \
-  --implementations xla,cudnn --repeats 20' "$PY" "${ATTN_SHAPE}" "${ATTN_PLATFORM}"
+  tests/test_precision.py; t=$?; "$0" tools/attention_bench.py --shape "$1" --dtype bfloat16 \
+  --implementations xla,cudnn --repeats 20; b=$?; echo "tests rc=$t bench rc=$b"; exit $((t|b))' \
+  "$PY" "${ATTN_SHAPE}" "${ATTN_PLATFORM}"
 check train 70 "$PY" -m hopperjax.train "${BIG[@]}" "${PROFILE[@]}"
 check profile 15 "$PY" tools/profile_summary.py /tmp/gpt_medium/profile
 check inspect 30 "$PY" -m hopperjax.inspect "${BIG[@]}" --format table
@@ -150,8 +154,9 @@ if reports:
     r = json.loads(reports[-1])
     ms = ", ".join(f"{k} {v:.2f} ms" for k, v in r["ms"].items())
     err = ", ".join(f"{k} {v:.1e}" for k, v in r["rel_err_vs_xla"].items()) or "-"
+    skipped = "; ".join(f"{k}: {v}" for k, v in r["skipped"].items()).replace("|", "/") or "-"
     print(f"| attention {'x'.join(map(str, r['shape']))} {r['dtype']} fwd+bwd | {ms}; "
-          f"error vs xla {err}; skipped {r['skipped'] or '-'} |")
+          f"error vs xla {err}; skipped {skipped} |")
 metrics = pathlib.Path("/tmp/gpt_medium/metrics.jsonl")
 if metrics.exists():
     rows = [json.loads(x) for x in metrics.read_text().splitlines() if '"mfu"' in x][1:]

@@ -24,6 +24,10 @@ class _PairIndex:
     def __len__(self) -> int:
         return len(self._affinity)
 
+    def affinities(self, indices: np.ndarray) -> np.ndarray:
+        """The affinities of pairs ``indices`` (the training split's statistics)."""
+        return self._affinity[np.asarray(indices, np.int64)]
+
 
 class PairIds(_PairIndex):
     """grain random-access source of pairs as molecule ids: item ``i`` is {"drug_id",

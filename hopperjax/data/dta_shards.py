@@ -254,5 +254,16 @@ class ArrayRecordPairs:
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         return decode_pair(self._records[i])
 
+    def affinities(self, indices: np.ndarray) -> np.ndarray:
+        """The affinities of pairs ``indices``, read from the records' headers (no token
+        decoding): the training split's statistics for ``data.standardize``."""
+        out = np.empty(len(indices), np.float32)
+        for k, i in enumerate(np.asarray(indices, np.int64).tolist()):
+            record = self._records[i]
+            if record[:4] != _MAGIC:
+                raise DataError(f"not a hopperjax DTA record (starts with {record[:4]!r})")
+            out[k] = _RECORD.unpack_from(record)[-1]
+        return out
+
     def __repr__(self) -> str:
         return f"ArrayRecordPairs({len(self._paths)} shards, {len(self)} pairs)"

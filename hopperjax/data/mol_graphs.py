@@ -3,7 +3,8 @@
 RDKit (the optional ``chem`` extra) parses each distinct SMILES once into fixed-size arrays, so
 every batch has the same shapes and the step compiles once:
 
-- ``atoms`` [max_atoms, len(ATOM_FEATURES)] uint8: per heavy atom one small category per feature
+- ``atoms`` [max_atoms, len(ATOM_FEATURES)] uint8: per atom (the heavy atoms, and hydrogens only
+  where the SMILES writes them as atoms, e.g. ``[2H]``) one small category per feature
   (the model sums one embedding per feature, the same as a linear layer over one-hot features);
   row ``i`` is RDKit's atom ``i``; padding rows are all zero (element 0 is "no atom").
 - ``bonds`` [edge_slots(max_atoms), 3] int16: directed edges (source, target, bond type), each
@@ -27,7 +28,7 @@ ATOM_FEATURES = (
     ("degree", 7),  # heavy-atom neighbours, 6 and more in the last
     ("hydrogens", 5),  # attached hydrogens, implicit and explicit
     ("charge", 7),  # formal charge -3..+3, shifted to 0..6
-    ("hybridization", 8),  # RDKit's HybridizationType value
+    ("hybridization", 9),  # RDKit's HybridizationType value (UNSPECIFIED 0 .. OTHER 8)
     ("aromatic", 2),
     ("ring", 2),
 )
@@ -51,7 +52,7 @@ def rdkit_error() -> str | None:
     try:
         from rdkit import Chem, RDLogger  # noqa: F401
     except ImportError as e:
-        return str(e).splitlines()[0]
+        return (str(e).splitlines() or ["ImportError"])[0]
     return None
 
 
@@ -68,7 +69,7 @@ def smiles_graph(smiles: str, max_atoms: int, *, where: str) -> tuple[np.ndarray
     Args:
       where: names the record in errors, e.g. "ligands_can.txt: drug '11314340'".
     Raises:
-      DataError: RDKit cannot parse the SMILES, or it has more heavy atoms than ``max_atoms``
+      DataError: RDKit cannot parse the SMILES, or it has more atoms than ``max_atoms``
         (naming ``data.drug_max_atoms``) or more bonds than the edge slots.
     """
     chem = _chem()
@@ -77,9 +78,7 @@ def smiles_graph(smiles: str, max_atoms: int, *, where: str) -> tuple[np.ndarray
         raise DataError(f"{where}: RDKit cannot parse the SMILES {smiles[:80]!r}")
     n = mol.GetNumAtoms()
     if n > max_atoms:
-        raise TooLarge(
-            f"{where}: {n} heavy atoms, more than data.drug_max_atoms={max_atoms}; raise it"
-        )
+        raise TooLarge(f"{where}: {n} atoms, more than data.drug_max_atoms={max_atoms}; raise it")
     atoms = np.zeros((max_atoms, len(ATOM_FEATURES)), np.uint8)
     limits = np.array([c - 1 for _, c in ATOM_FEATURES])
     for atom in mol.GetAtoms():

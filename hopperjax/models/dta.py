@@ -204,6 +204,11 @@ class GraphEncoder(nn.Module):
     @nn.compact
     def __call__(self, atoms: jax.Array, bonds: jax.Array) -> jax.Array:
         """atoms [N, A, features], bonds [N, E, 3] (source, target, type) -> [N, gnn_dim]."""
+        if len(self.atom_vocab) != atoms.shape[-1] or self.bond_types < 1:
+            raise ValueError(
+                f"GraphEncoder: atom_vocab has {len(self.atom_vocab)} features for atoms with "
+                f"{atoms.shape[-1]}, bond_types {self.bond_types}: pass the data's (mol_graphs)"
+            )
         cfg, policy = self.config, self.policy
         dim, compute = cfg.gnn_dim, policy.compute_dtype
         n, a = atoms.shape[:2]

@@ -210,7 +210,9 @@ def attention(
     on CPU ``_attention_cpu``. JAX's own default (implementation=None) is XLA's softmax, which
     keeps every layer's [T, S] scores for the backward (gpt_medium at batch 16 on an H200: 67 GiB
     of step temporaries). "xla": XLA's softmax everywhere. "cudnn": cuDNN, or a ConfigError
-    saying why not.
+    saying why not. The fallback covers what cuDNN refuses while the call is traced (dtype, head
+    size, no cuDNN); what fails only when the step is compiled (a mesh that shards the sequence
+    or head dim, a cuDNN graph it cannot build) stops the run: use "xla" there.
 
     Args:
       q, k, v: [batch, length, heads, head_dim]
@@ -241,7 +243,7 @@ def attention(
                     )
                 return out.astype(q.dtype)
             except (ValueError, NotImplementedError, RuntimeError) as err:
-                reason = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+                reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
         if implementation == "cudnn":
             raise ConfigError("attention", f"cudnn cannot run this attention ({reason})")
         if q.dtype in (jnp.bfloat16, jnp.float16):  # fp32/tf32 runs expect XLA: no warning

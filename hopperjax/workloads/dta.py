@@ -368,14 +368,11 @@ class AffinityRegression(Workload):
             raise ConfigError(
                 "data.eval_fraction", f"expected 0 < fraction < 1, got {d.eval_fraction}"
             )
-        for key, asked in (
-            ("data.group_by", d.group_by != "none"),
-            ("data.standardize", d.standardize),
-        ):
-            if asked and d.source == "shards":
-                raise ConfigError(
-                    key, "needs a pair table in memory (deepdta, csv, synthetic), not shards"
-                )
+        if d.group_by != "none" and d.source == "shards":
+            raise ConfigError(
+                "data.group_by",
+                "needs a pair table in memory (deepdta, csv, synthetic), not shards",
+            )
         if config.train.microbatches > 1:
             raise ConfigError(
                 "train.microbatches",
@@ -422,7 +419,7 @@ class AffinityRegression(Workload):
         data = load_pairs(config)
         train_idx, eval_idx = split_pairs(data.folds, len(data.pairs), config)
         if d.standardize:
-            y = np.asarray(data.pairs.take(train_idx)["affinity"], np.float64)
+            y = np.asarray(data.pairs.affinities(train_idx), np.float64)
             std = float(y.std())
             self.target_stats = (float(y.mean()), std if std > 0 else 1.0)
         eval_batch = t.eval_batch_size or t.batch_size
