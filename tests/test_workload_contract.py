@@ -26,7 +26,18 @@ from hopperjax.parallel import merge_rules
 
 NAMES = [*workloads.builtin_names(), "toy"]
 # Other models of a workload that the contract covers too: case -> (workload, extra overrides).
-VARIANTS = {"dta-gin": ("dta", ("model.drug_encoder=gin", "data.synthetic_smiles=true"))}
+VARIANTS = {
+    "dta-gin": (
+        "dta",
+        (
+            "model.drug_encoder=gin",
+            "data.synthetic_smiles=true",
+            "model.gnn_dim=16",
+            "model.gnn_layers=2",
+            "data.synthetic_drugs=4",
+        ),
+    )
+}
 CASES = [*NAMES, *VARIANTS]
 GOLDEN = REPO / "tests" / "golden"
 # Set to write missing or changed golden files instead of failing (then review the diff).
