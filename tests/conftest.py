@@ -1,17 +1,14 @@
 """Test setup: 8 fake CPU devices, set before JAX is imported anywhere."""
 
 import os
+import shutil
+import tempfile
 
-# LLVM optimization level 1 instead of XLA:CPU's default: the suite's time is mostly compiling
-# tiny programs, which this makes ~25 % faster; the programs (and so what the tests check) are the
-# same HLO, only the CPU code generated for them is less tuned.
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=1"
-).strip()
+from testenv import xla_flags
+
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {xla_flags(8)}".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import tempfile
 from pathlib import Path
 
 import jax
@@ -22,15 +19,13 @@ from hopperjax import workloads
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Many tests compile the same tiny programs; a persistent compilation cache for this test session
-# (shared by the pytest-xdist workers of one run, inherited by the CLI subprocesses) turns the
-# repeats into cache hits.
-_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-if _RUN:
-    _CACHE = os.path.join(tempfile.gettempdir(), f"hopperjax-test-jit-cache-{_RUN}")
-    os.makedirs(_CACHE, exist_ok=True)
-else:
-    _CACHE = tempfile.mkdtemp(prefix="hopperjax-test-jit-cache-")
+# Many tests compile the same tiny programs; a persistent compilation cache for this test run
+# (made by the controller, shared by its workers and the CLI subprocesses) turns the repeats into
+# cache hits. The process that made it removes it at the end of the run.
+_CACHE_OWNER = "HOPPERJAX_TEST_JIT_CACHE" not in os.environ
+if _CACHE_OWNER:
+    os.environ["HOPPERJAX_TEST_JIT_CACHE"] = tempfile.mkdtemp(prefix="hopperjax-test-jit-cache-")
+_CACHE = os.environ["HOPPERJAX_TEST_JIT_CACHE"]
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -69,3 +64,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _CACHE_OWNER:
+        shutil.rmtree(_CACHE, ignore_errors=True)

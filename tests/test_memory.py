@@ -40,7 +40,8 @@ def _grads(configs: dict[str, hopperjax.Config], batch: dict[str, np.ndarray]):
     models = {
         name: hopperjax.build_model(c, hopperjax.get_policy("fp32")) for name, c in configs.items()
     }
-    params = next(iter(models.values())).init(jax.random.PRNGKey(0), batch["inputs"])["params"]
+    init = jax.jit(next(iter(models.values())).init)
+    params = init(jax.random.PRNGKey(0), batch["inputs"])["params"]
     rngs = {"dropout": jax.random.PRNGKey(1)}
 
     def grad(model):

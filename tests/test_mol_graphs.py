@@ -79,13 +79,14 @@ def test_graph_encoder_ignores_padding_and_atom_order():
     smiles = ["CC(=O)Nc1ccc(O)cc1", "c1ccncc1C#N", "CCO"]
     atoms, bonds = _graphs(smiles, 24)
     encoder = _encoder()
-    params = encoder.init(jax.random.key(0), atoms, bonds)
-    out = np.asarray(encoder.apply(params, atoms, bonds))
+    params = jax.jit(encoder.init)(jax.random.key(0), atoms, bonds)
+    apply = jax.jit(encoder.apply)  # one compile per shape, not one per operation
+    out = np.asarray(apply(params, atoms, bonds))
     assert out.shape == (3, 16) and np.isfinite(out).all()
     assert np.abs(out[0] - out[1]).max() > 1e-3  # different molecules differ
 
     wide_atoms, wide_bonds = _graphs(smiles, 40)
-    np.testing.assert_allclose(encoder.apply(params, wide_atoms, wide_bonds), out, atol=1e-5)
+    np.testing.assert_allclose(apply(params, wide_atoms, wide_bonds), out, atol=1e-5)
 
     n = 11  # heavy atoms of paracetamol: renumber them by a permutation
     perm = np.random.default_rng(0).permutation(n)  # new index of old atom i is perm[i]
@@ -94,9 +95,7 @@ def test_graph_encoder_ignores_padding_and_atom_order():
     real = bonds[0, :, 0] >= 0
     shuffled_bonds[0, real, :2] = perm[bonds[0, real, :2]]
     shuffled_bonds[0, real] = shuffled_bonds[0, real][::-1]  # and the bond order
-    np.testing.assert_allclose(
-        encoder.apply(params, shuffled_atoms, shuffled_bonds), out, atol=1e-5
-    )
+    np.testing.assert_allclose(apply(params, shuffled_atoms, shuffled_bonds), out, atol=1e-5)
 
 
 def test_graph_encoder_gives_padding_rows_finite_vectors_and_gradients():
@@ -107,8 +106,9 @@ def test_graph_encoder_gives_padding_rows_finite_vectors_and_gradients():
     bonds = np.concatenate([bonds, np.full_like(bonds, -1)])
     bonds[1, :, 2] = 0
     encoder = _encoder()
-    params = encoder.init(jax.random.key(0), atoms, bonds)
-    out, grads = jax.value_and_grad(lambda p: encoder.apply(p, atoms, bonds).sum())(params)
+    params = jax.jit(encoder.init)(jax.random.key(0), atoms, bonds)
+    loss = jax.jit(jax.value_and_grad(lambda p: encoder.apply(p, atoms, bonds).sum()))
+    out, grads = loss(params)
     assert np.isfinite(out)
     assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(grads))
 

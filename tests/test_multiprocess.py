@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import REPO, TINY
+from testenv import xla_flags
 
 import hopperjax
 from hopperjax.checkpoint import CheckpointError
@@ -45,7 +46,7 @@ def _start_two_processes(run_dir, overrides, *, cli=False) -> list[tuple[subproc
     env = {
         k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")
     }
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=1"
+    env["XLA_FLAGS"] = xla_flags(4)
     env["JAX_PLATFORMS"] = "cpu"
     started = []
     for i in range(2):

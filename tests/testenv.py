@@ -1,0 +1,36 @@
+"""The XLA flags of test processes, decided once per test run (see ``xla_flags``)."""
+
+import os
+import subprocess
+import sys
+
+# The controller of a pytest-xdist run loads this file before it starts its workers, which inherit
+# its environment: the probe's answer, decided here once, reaches every worker and the
+# CLI subprocesses the tests start.
+_SHARED = "HOPPERJAX_TEST_XLA_FLAGS"
+
+# LLVM optimization level 1 instead of XLA:CPU's default, and its older loop emitters instead of
+# its fusion emitters: the suite's time is mostly compiling tiny programs, which these make ~25 %
+# and ~40 % faster; the programs (and so what the tests check) are the same HLO, only the CPU
+# code generated for them is less tuned. An XLA flag the installed jaxlib does not know aborts the
+# process, so the second is probed once, in a subprocess.
+FAST_COMPILE = "--xla_backend_optimization_level=1"
+PROBED = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _test_xla_flags() -> str:
+    if _SHARED not in os.environ:
+        flags = FAST_COMPILE
+        probe = subprocess.run(
+            [sys.executable, "-c", "import jax; jax.devices()"],
+            env={**os.environ, "XLA_FLAGS": f"{flags} {PROBED}", "JAX_PLATFORMS": "cpu"},
+            capture_output=True,
+            timeout=300,
+        )
+        os.environ[_SHARED] = f"{flags} {PROBED}" if probe.returncode == 0 else flags
+    return os.environ[_SHARED]
+
+
+def xla_flags(devices: int) -> str:
+    """XLA_FLAGS for a test process with this many fake CPU devices."""
+    return f"--xla_force_host_platform_device_count={devices} {_test_xla_flags()}"
