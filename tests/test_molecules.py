@@ -127,7 +127,7 @@ def test_restricted_pickle_loads_arrays_and_nothing_else(tmp_path):
     with pytest.raises(DataError, match=r"dict.pkl: holds a dict"):
         molecules.load_restricted_pickle(tmp_path / "dict.pkl")
     (tmp_path / "cut.pkl").write_bytes(pickle.dumps(array, protocol=2)[:40])
-    with pytest.raises(DataError, match=r"cut.pkl: not a pickled numpy array"):
+    with pytest.raises(DataError, match=r"cut.pkl: not a readable pickle"):
         molecules.load_restricted_pickle(tmp_path / "cut.pkl")
     with pytest.raises(DataError, match=r"missing.pkl: no such file"):
         molecules.load_restricted_pickle(tmp_path / "missing.pkl")

@@ -16,17 +16,14 @@ import csv
 import dataclasses
 import json
 import math
-import pickle
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-
-class DataError(ValueError):
-    """Bad input data; the one-line message names the file and the record (id, line or pair)."""
-
+from hopperjax.data import safe_pickle
+from hopperjax.data.errors import DataError, one_line
 
 # Our own alphabet, built from the SMILES grammar rather than from one data set, so that a new set
 # rarely needs a new (incompatible) vocabulary. The order fixes the token ids: append, never insert.
@@ -42,10 +39,6 @@ PROTEIN_CHARSET = "ABCDEFGHIKLMNOPQRSTUVWXYZ"  # 20 amino acids, U, O and ambigu
 # glycine-rich loop, the HRD catalytic loop, the DFG and APE motifs.
 DRUG_MOTIFS = ("C(=O)N", "c1ccncc1", "S(=O)(=O)", "C#N")
 PROTEIN_MOTIFS = ("GTGSFG", "HRDLKP", "DFG", "APE")
-
-
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
 
 
 class Tokenizer:
@@ -159,73 +152,10 @@ def _keep_pairs(table: DtaTable, keep: np.ndarray) -> DtaTable:
     )
 
 
-def _reconstruct():
-    try:
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # numpy < 2 without the numpy._core alias
-        from numpy.core.multiarray import _reconstruct
-    return _reconstruct
-
-
-def _frombuffer():
-    try:
-        from numpy._core.numeric import _frombuffer
-    except ImportError:
-        from numpy.core.numeric import _frombuffer
-    return _frombuffer
-
-
-def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:
-    # Python 3 pickles bytes at protocol 2 as _codecs.encode(text, "latin1"); any other codec
-    # (codec lookup can import modules) is refused.
-    if encoding not in ("latin1", "latin-1"):
-        raise pickle.UnpicklingError(f"_codecs.encode with codec {encoding!r}")
-    return text.encode("latin1")
-
-
-class _NumpyOnlyUnpickler(pickle.Unpickler):
-    """Resolves only the globals a pickled numpy array needs, so a pickle cannot run code."""
-
-    def __init__(self, file, path: Path):
-        super().__init__(file, encoding="latin1")  # Python 2 str -> bytes as numpy expects
-        self._path = path
-        self._allowed = {
-            ("numpy.core.multiarray", "_reconstruct"): _reconstruct(),  # numpy 1 pickles (Davis)
-            ("numpy._core.multiarray", "_reconstruct"): _reconstruct(),  # numpy 2 pickles
-            ("numpy.core.numeric", "_frombuffer"): _frombuffer(),  # protocol 5
-            ("numpy._core.numeric", "_frombuffer"): _frombuffer(),
-            ("numpy", "ndarray"): np.ndarray,
-            ("numpy", "dtype"): np.dtype,
-            ("_codecs", "encode"): _latin1_encode,  # array bytes, Python 3 at protocol 2
-        }
-
-    def find_class(self, module: str, name: str):
-        if (module, name) not in self._allowed:
-            raise DataError(
-                f"{self._path}: refused to unpickle global '{module}.{name}' "
-                "(only numpy arrays are loaded from pickles)"
-            )
-        return self._allowed[module, name]
-
-
 def load_restricted_pickle(path: str | Path) -> np.ndarray:
-    """A numeric numpy array from a (Python 2 or 3) pickle, without running the pickle's code.
-
-    ``pickle.load`` calls whatever globals a file names; a data file from the internet must not
-    get that. Returns: the array. Raises: DataError naming the file (and a refused global).
-    """
-    path = Path(path)
-    try:
-        with path.open("rb") as f:
-            array = _NumpyOnlyUnpickler(f, path).load()
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except DataError:
-        raise
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror})") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
-        raise DataError(f"{path}: not a pickled numpy array ({_one_line(e)})") from None
+    """A numeric numpy array from a (Python 2 or 3) pickle, without running the pickle's code
+    (``safe_pickle.load``). Raises: DataError naming the file (and a refused global)."""
+    array = safe_pickle.load(path)
     if not isinstance(array, np.ndarray):
         raise DataError(f"{path}: holds a {type(array).__name__}, not a numpy array")
     if array.dtype.kind not in "biuf":
@@ -289,7 +219,7 @@ def _read_matrix(root: Path) -> tuple[np.ndarray, Path]:
         try:
             y, path = np.loadtxt(text, dtype=np.float64, ndmin=2), text
         except ValueError as e:
-            raise DataError(f"{text}: not a whitespace-separated matrix ({_one_line(e)})") from None
+            raise DataError(f"{text}: not a whitespace-separated matrix ({one_line(e)})") from None
     else:
         raise DataError(f"{pickled}: no such file (nor {text.name})")
     if y.ndim != 2:
@@ -517,7 +447,7 @@ def load_dta_csv(
                 protein_index.append(proteins[sequence])
                 affinity.append(value)
     except csv.Error as e:
-        raise DataError(f"{path}: line {reader.line_num}: {_one_line(e)}") from None
+        raise DataError(f"{path}: line {reader.line_num}: {one_line(e)}") from None
     if not affinity:
         raise DataError(f"{path}: no pairs ({skipped} bad rows skipped)")
     values = np.asarray(affinity, np.float64)

@@ -1,0 +1,300 @@
+"""ResNets for image classification: ResNet-18/34/50 (v1.5) and the small, fast ResNet-9.
+
+NHWC throughout. Convolutions and the classifier compute in the policy's dtype on fp32 master
+weights; BatchNorm keeps its statistics and normalization arithmetic in fp32 whatever the compute
+dtype (Flax reduces in fp32 and the statistics are fp32 variables), and computes them over the
+global batch: under the jitted SPMD step the mean over the batch axis spans every device.
+
+- ``resnet18`` / ``resnet34``: basic blocks (two 3x3 convolutions); ``resnet50``: bottleneck
+  blocks (1x1, 3x3, 1x1 with 4x expansion), stride on the 3x3 (v1.5).
+- ``stem``: ``imagenet`` (7x7 stride-2 convolution, 3x3 stride-2 max pool) or ``cifar`` (one 3x3
+  stride-1 convolution: 32x32 inputs keep their resolution).
+- ``resnet9``: the DAWNBench CIFAR-10 network (Page, 2018): prep convolution, three stages that
+  each double the width and max-pool, residual pairs after the first and third, a global max
+  pool and a classifier whose logits are scaled by ``logit_scale`` (0.125 in its recipe). Its
+  stem is its own (``stem`` is ignored).
+
+``zero_init_residual`` starts each block's last BatchNorm scale at 0, so every residual block
+begins as the identity (Goyal et al. 2017). Convolution kernels carry the logical axes
+``conv_in`` / ``conv_out`` (the workload maps them to mesh axes); the stem's 3 input channels
+are never split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from hopperjax import config as config_lib
+from hopperjax.config import ConfigError, RematConfig
+from hopperjax.memory.remat import remat_block
+from hopperjax.precision import Policy
+
+ARCHS = {"resnet18": (2, 2, 2, 2), "resnet34": (3, 4, 6, 3), "resnet50": (3, 4, 6, 3)}
+BOTTLENECK = {"resnet50"}
+EXPANSION = 4  # bottleneck output channels / inner channels
+STAGE_STRIDES = (1, 2, 2, 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResNetConfig(config_lib.ModelConfig):
+    """The ``model:`` group of image classification.
+
+    ``arch``: ``resnet9``, ``resnet18``, ``resnet34``, ``resnet50``. ``width``: channels of the
+    first stage (64 in the papers; every stage scales with it). ``stem``: ``cifar`` or
+    ``imagenet`` (ResNet-18/34/50). ``num_classes``: classifier outputs. ``bn_momentum`` /
+    ``bn_eps``: BatchNorm running-average decay and epsilon. ``logit_scale``: multiplies the
+    logits (ResNet-9's recipe uses 0.125).
+    """
+
+    arch: Literal["resnet9", "resnet18", "resnet34", "resnet50"] = "resnet18"
+    width: int = 64
+    stem: Literal["cifar", "imagenet"] = "cifar"
+    num_classes: int = 10
+    bn_momentum: float = 0.9
+    bn_eps: float = 1e-5
+    zero_init_residual: bool = True
+    logit_scale: float = 1.0
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the ``model.*`` key of the first bad value."""
+        for key in ("width", "num_classes", "bn_eps", "logit_scale"):
+            config_lib.positive(f"model.{key}", getattr(self, key))
+        if not 0.0 <= self.bn_momentum < 1.0:
+            raise ConfigError(
+                "model.bn_momentum", f"expected 0 <= momentum < 1, got {self.bn_momentum}"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers
+
+
+def _conv(features: int, kernel: int, stride: int, policy: Policy, name: str, *, split_in=True):
+    init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")  # He init, fan-out
+    axes = (None, None, "conv_in" if split_in else None, "conv_out")
+    return nn.Conv(
+        features,
+        (kernel, kernel),
+        strides=(stride, stride),
+        padding=[(kernel // 2, kernel // 2)] * 2,
+        use_bias=False,
+        dtype=policy.compute_dtype,
+        param_dtype=policy.param_dtype,
+        kernel_init=nn.with_logical_partitioning(init, axes),
+        name=name,
+    )
+
+
+def _norm(config: ResNetConfig, policy: Policy, name: str, *, zero: bool = False):
+    return nn.BatchNorm(
+        momentum=config.bn_momentum,
+        epsilon=config.bn_eps,
+        dtype=policy.compute_dtype,
+        param_dtype=jnp.float32,
+        scale_init=nn.with_logical_partitioning(
+            nn.initializers.zeros if zero else nn.initializers.ones, ("conv_out",)
+        ),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("conv_out",)),
+        name=name,
+    )
+
+
+class ConvBN(nn.Module):
+    """Convolution, BatchNorm, then ReLU unless ``relu`` is false."""
+
+    features: int
+    kernel: int
+    stride: int
+    config: ResNetConfig
+    policy: Policy
+    relu: bool = True
+    zero_scale: bool = False
+    split_in: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        x = _conv(self.features, self.kernel, self.stride, self.policy, "conv",
+                  split_in=self.split_in)(x)  # fmt: skip
+        x = _norm(self.config, self.policy, "bn", zero=self.zero_scale)(
+            x, use_running_average=not train
+        )
+        return nn.relu(x) if self.relu else x
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions and a shortcut (a strided 1x1 convolution where the shape changes)."""
+
+    features: int
+    stride: int
+    config: ResNetConfig
+    policy: Policy
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        c, p = self.config, self.policy
+        y = ConvBN(self.features, 3, self.stride, c, p, name="a")(x, train)
+        y = ConvBN(self.features, 3, 1, c, p, relu=False, zero_scale=c.zero_init_residual,
+                   name="b")(y, train)  # fmt: skip
+        if self.stride != 1 or x.shape[-1] != self.features:
+            x = ConvBN(self.features, 1, self.stride, c, p, relu=False, name="shortcut")(x, train)
+        return nn.relu(x + y)
+
+
+class Bottleneck(nn.Module):
+    """1x1 down, 3x3 (carrying the stride: v1.5), 1x1 up to ``4 x features``; a shortcut."""
+
+    features: int
+    stride: int
+    config: ResNetConfig
+    policy: Policy
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        c, p = self.config, self.policy
+        out = self.features * EXPANSION
+        y = ConvBN(self.features, 1, 1, c, p, name="a")(x, train)
+        y = ConvBN(self.features, 3, self.stride, c, p, name="b")(y, train)
+        y = ConvBN(out, 1, 1, c, p, relu=False, zero_scale=c.zero_init_residual, name="c")(y, train)
+        if self.stride != 1 or x.shape[-1] != out:
+            x = ConvBN(out, 1, self.stride, c, p, relu=False, name="shortcut")(x, train)
+        return nn.relu(x + y)
+
+
+class Residual(nn.Module):
+    """ResNet-9's residual pair: x + relu(bn(conv(relu(bn(conv(x))))))."""
+
+    features: int
+    config: ResNetConfig
+    policy: Policy
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        c, p = self.config, self.policy
+        y = ConvBN(self.features, 3, 1, c, p, name="a")(x, train)
+        y = ConvBN(self.features, 3, 1, c, p, zero_scale=c.zero_init_residual, name="b")(y, train)
+        return x + y
+
+
+# ---------------------------------------------------------------------------------------------
+# Networks
+
+
+class ResNet(nn.Module):
+    """images [N, H, W, 3] (normalized, compute dtype) -> logits [N, num_classes] fp32."""
+
+    config: ResNetConfig
+    policy: Policy
+    remat: RematConfig
+
+    @nn.compact
+    def __call__(self, images: jax.Array, deterministic: bool = True) -> jax.Array:
+        c, p = self.config, self.policy
+        train = not deterministic
+        x = images.astype(p.compute_dtype)
+        x = self._resnet9(x, train) if c.arch == "resnet9" else self._resnet(x, train)
+        head = nn.Dense(
+            c.num_classes,
+            dtype=p.compute_dtype,
+            param_dtype=p.param_dtype,
+            kernel_init=nn.with_logical_partitioning(
+                nn.initializers.lecun_normal(), ("conv_in", None)
+            ),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
+            name="head",
+        )
+        return head(x).astype(jnp.float32) * c.logit_scale
+
+    def _resnet(self, x: jax.Array, train: bool) -> jax.Array:
+        c, p = self.config, self.policy
+        if c.stem == "imagenet":
+            x = ConvBN(c.width, 7, 2, c, p, split_in=False, name="stem")(x, train)
+            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+        else:
+            x = ConvBN(c.width, 3, 1, c, p, split_in=False, name="stem")(x, train)
+        block = remat_block(Bottleneck if c.arch in BOTTLENECK else BasicBlock, self.remat)
+        for stage, (blocks, stride) in enumerate(zip(ARCHS[c.arch], STAGE_STRIDES, strict=True)):
+            for i in range(blocks):
+                x = block(c.width * 2**stage, stride if i == 0 else 1, c, p,
+                          name=f"stage{stage}_block{i}")(x, train)  # fmt: skip
+        return x.mean(axis=(1, 2))
+
+    def _resnet9(self, x: jax.Array, train: bool) -> jax.Array:
+        c, p = self.config, self.policy
+        conv = remat_block(ConvBN, self.remat)
+        residual = remat_block(Residual, self.remat)
+        x = ConvBN(c.width, 3, 1, c, p, split_in=False, name="prep")(x, train)
+        for stage, res in enumerate((True, False, True)):
+            width = c.width * 2 ** (stage + 1)
+            x = conv(width, 3, 1, c, p, name=f"stage{stage}")(x, train)
+            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+            if res:
+                x = residual(width, c, p, name=f"stage{stage}_res")(x, train)
+        return x.max(axis=(1, 2))
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs
+
+
+def _conv_flops(side: int, kernel: int, stride: int, cin: int, cout: int) -> tuple[int, int]:
+    """(forward FLOPs per image, output side) of a 'same'-padded convolution."""
+    out = -(-side // stride)
+    return 2 * out * out * kernel * kernel * cin * cout, out
+
+
+def forward_flops(config: ResNetConfig, image_size: int) -> tuple[int, int]:
+    """(forward GEMM/convolution FLOPs per image, of which the first convolution's).
+
+    Only convolutions and the classifier (what runs as GEMMs); BatchNorm, ReLU and pooling are
+    elementwise and not counted.
+    """
+    c = config
+    total = 0
+    if c.arch == "resnet9":
+        first, side = _conv_flops(image_size, 3, 1, 3, c.width)
+        total, cin = first, c.width
+        for stage, res in enumerate((True, False, True)):
+            width = c.width * 2 ** (stage + 1)
+            flops, side = _conv_flops(side, 3, 1, cin, width)
+            total += flops
+            side //= 2
+            if res:
+                total += 2 * _conv_flops(side, 3, 1, width, width)[0]
+            cin = width
+        return total + 2 * cin * c.num_classes, first
+    kernel, stride = (7, 2) if c.stem == "imagenet" else (3, 1)
+    first, side = _conv_flops(image_size, kernel, stride, 3, c.width)
+    total, cin = first, c.width
+    if c.stem == "imagenet":
+        side = (side + 2 - 3) // 2 + 1  # the 3x3 stride-2 max pool, padding 1
+    for stage, (blocks, stage_stride) in enumerate(zip(ARCHS[c.arch], STAGE_STRIDES, strict=True)):
+        width = c.width * 2**stage
+        for i in range(blocks):
+            s = stage_stride if i == 0 else 1
+            if c.arch in BOTTLENECK:
+                out = width * EXPANSION
+                a, _ = _conv_flops(side, 1, 1, cin, width)
+                b, new_side = _conv_flops(side, 3, s, width, width)
+                d, _ = _conv_flops(new_side, 1, 1, width, out)
+                total += a + b + d
+            else:
+                out = width
+                a, new_side = _conv_flops(side, 3, s, cin, width)
+                b, _ = _conv_flops(new_side, 3, 1, width, width)
+                total += a + b
+            if s != 1 or cin != out:
+                total += _conv_flops(side, 1, s, cin, out)[0]
+            cin, side = out, new_side
+    return total + 2 * cin * c.num_classes, first
+
+
+def train_flops_per_step(config: ResNetConfig, *, batch_size: int, image_size: int) -> float:
+    """Forward + backward GEMM FLOPs of one step: 3 x forward, less the first convolution's
+    input gradient, which nothing needs (the images are not trained)."""
+    forward, first = forward_flops(config, image_size)
+    return float(batch_size * (3 * forward - first))

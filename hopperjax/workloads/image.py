@@ -1,0 +1,322 @@
+"""Image classification: uint8 images in, class logits out (ResNet-9/18/34/50).
+
+Data: image folders, CIFAR-10's binary or python release, or generated images
+(``data/images.py``), decoded once on the host and batched as uint8. Augmentation runs on the
+device inside the jitted step (``preprocess``): random crop of the reflect-padded image, horizontal
+flip, cutout, then normalization; eval normalizes only (optionally averaging the logits of the
+image and its mirror). Model: ``models/resnet.py``. Eval reports loss and top-1 accuracy over
+every held-out image (the last batch is padded with masked rows, never dropped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from hopperjax import config as config_lib
+from hopperjax.config import Config, ConfigError, RematConfig
+from hopperjax.data import images as image_data
+from hopperjax.data.errors import DataError
+from hopperjax.models import resnet
+from hopperjax.precision import Policy
+from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload
+
+SOURCES_WITH_PATH = ("folder", "cifar_binary", "cifar_python")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageData(config_lib.DataConfig):
+    """The ``data:`` group of image classification.
+
+    ``source``: ``folder`` (``path/<split>/<class>/*.jpg|png``), ``cifar_binary``
+    (``cifar-10-batches-bin``), ``cifar_python`` (``cifar-10-batches-py``) or ``synthetic``
+    (``synthetic_images`` generated training images of ``synthetic_classes`` classes, a quarter
+    as many held out). ``image_size``: the side of every (square) image; a folder image of
+    another size is a bad record. ``train_split`` / ``eval_split``: the folders of a folder
+    source. ``bad_records``: ``error`` (one line naming the file) or ``skip`` (counted).
+    ``mean`` / ``std``: per-channel normalization of pixels scaled to [0, 1] (defaults: measured
+    on the training images of ``../shared/data/cifar10``). ``crop_padding``: pixels of reflect
+    padding before the random crop (0: no crop); ``flip``: random horizontal flips; ``cutout``:
+    side of a random square set to the mean
+    (0: off); ``tta_flip``: eval averages the logits of each image and its mirror.
+    ``label_smoothing``: of the cross-entropy targets (training loss only).
+    """
+
+    source: Literal["folder", "cifar_binary", "cifar_python", "synthetic"] = "folder"
+    path: str | None = None
+    image_size: int = 32
+    train_split: str = "train"
+    eval_split: str = "test"
+    bad_records: Literal["error", "skip"] = "error"
+    synthetic_images: int = 2048
+    synthetic_classes: int = 10
+    mean: str = "0.4913,0.4821,0.4465"
+    std: str = "0.2452,0.2428,0.2606"
+    crop_padding: int = 4
+    flip: bool = True
+    cutout: int = 0
+    tta_flip: bool = False
+    label_smoothing: float = 0.0
+
+    def channel_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(mean, std), three floats each. Raises ConfigError naming the key."""
+        out = []
+        for key in ("mean", "std"):
+            text = getattr(self, key)
+            try:
+                values = tuple(float(v) for v in str(text).split(","))
+            except ValueError:
+                values = ()
+            if len(values) != 3 or (key == "std" and min(values) <= 0):
+                raise ConfigError(
+                    f"data.{key}",
+                    f"expected three comma-separated {'positive ' if key == 'std' else ''}"
+                    f"numbers (R, G, B), got {config_lib.shown(text)}",
+                )
+            out.append(values)
+        return out[0], out[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageMeta:
+    """What a run's images are: class names, split sizes, bad images skipped."""
+
+    classes: tuple[str, ...]
+    train_images: int
+    eval_images: int
+    skipped: int = 0
+
+
+def _padded(split: image_data.ImageSet, multiple: int) -> image_data.ImageSet:
+    """``split`` grown to a multiple of ``multiple`` with black images labelled -1 (masked)."""
+    extra = -len(split) % multiple
+    if not extra:
+        return split
+    return dataclasses.replace(
+        split,
+        images=np.concatenate([split.images, np.zeros((extra, *split.images.shape[1:]), np.uint8)]),
+        labels=np.concatenate([split.labels, np.full(extra, -1, np.int32)]),
+    )
+
+
+class ImageClassification(Workload):
+    ModelConfig = resnet.ResNetConfig
+    DataConfig = ImageData
+    examples_name = "images"
+    mutable = ("batch_stats",)
+    smoke_overrides = (
+        "model.arch=resnet9",
+        "model.width=4",
+        "data.source=synthetic",
+        "data.path=null",
+        "data.synthetic_images=256",
+        "train.batch_size=16",
+    )
+
+    @classmethod
+    def validate_config(cls, config: Config) -> None:
+        m, d = config.model, config.data
+        m.validate()
+        config_lib.positive("data.image_size", d.image_size)
+        d.channel_stats()
+        if not 0 <= d.crop_padding < d.image_size:
+            raise ConfigError(
+                "data.crop_padding",
+                f"expected 0 <= padding < data.image_size, got {d.crop_padding}",
+            )
+        if not 0 <= d.cutout <= d.image_size:
+            raise ConfigError(
+                "data.cutout", f"expected 0 <= cutout <= data.image_size, got {d.cutout}"
+            )
+        if not 0.0 <= d.label_smoothing < 1.0:
+            raise ConfigError(
+                "data.label_smoothing", f"expected 0 <= smoothing < 1, got {d.label_smoothing}"
+            )
+        if d.source in SOURCES_WITH_PATH:
+            if not d.path:
+                raise ConfigError("data.path", f"required when data.source is '{d.source}'")
+            if not Path(d.path).is_dir():
+                raise ConfigError("data.path", f"not a directory: {d.path}")
+            if d.source != "folder" and d.image_size != image_data.CIFAR_SIDE:
+                raise ConfigError(
+                    "data.image_size", f"CIFAR-10 images are 32x32, got {d.image_size}"
+                )
+        else:
+            if d.path:
+                raise ConfigError("data.path", "not used by data.source 'synthetic'")
+            config_lib.positive("data.synthetic_images", d.synthetic_images)
+            config_lib.positive("data.synthetic_classes", d.synthetic_classes)
+
+    def build_model(self, policy: Policy, remat: RematConfig) -> resnet.ResNet:
+        return resnet.ResNet(config=self.config.model, policy=policy, remat=remat)
+
+    def _read(self) -> tuple[image_data.ImageSet, image_data.ImageSet]:
+        d = self.config.data
+        try:
+            if d.source == "synthetic":
+                n, classes = d.synthetic_images, d.synthetic_classes
+                seed = self.config.seed
+                return (
+                    image_data.synthetic(n, d.image_size, classes, seed),
+                    image_data.synthetic(max(1, n // 4), d.image_size, classes, seed + 1),
+                )
+            if d.source == "folder":
+                skip = d.bad_records == "skip"
+                train = image_data.read_folder(d.path, d.train_split, d.image_size, skip_bad=skip)
+                held = image_data.read_folder(
+                    d.path, d.eval_split, d.image_size, classes=train.classes, skip_bad=skip
+                )
+                return train, held
+            binary = d.source == "cifar_binary"
+            return (
+                image_data.read_cifar(d.path, "train", binary=binary),
+                image_data.read_cifar(d.path, "test", binary=binary),
+            )
+        except DataError as e:
+            raise ConfigError("data.path", str(e), name_key=False) from None
+
+    def build_datasets(self, shard: ProcessShard) -> Datasets[ImageMeta]:
+        """This process's slice of the training images (shuffled every epoch, repeated) and of
+        the held-out images (one pass in a fixed shuffled order, padded to whole global batches
+        with masked rows).
+
+        Raises ConfigError naming the key: a bad image (``data.path``), more classes than
+        ``model.num_classes``, or a training split smaller than one batch.
+        """
+        config = self.config
+        train_cfg = config.train
+        eval_batch = train_cfg.eval_batch_size or train_cfg.batch_size
+        train, held = self._read()
+        if len(train.classes) > config.model.num_classes:
+            raise ConfigError(
+                "model.num_classes",
+                f"the data has {len(train.classes)} classes, got {config.model.num_classes}",
+            )
+        if len(train) < train_cfg.batch_size:
+            raise ConfigError(
+                "train.batch_size",
+                f"larger than the {len(train)} training images of the data",
+            )
+        index, count = shard.index, shard.count
+        train_ds = grain.MapDataset.source(train)[index::count]
+        if config.data.shuffle:
+            train_ds = train_ds.shuffle(seed=config.seed)
+        train_ds = train_ds.repeat(None).batch(
+            shard.rows(train_cfg.batch_size), drop_remainder=True
+        )
+        # Folders list the held-out images class by class: a fixed permutation makes any prefix
+        # (``train.eval_batches``) a fair sample of every class.
+        order = np.random.default_rng(0).permutation(len(held))
+        held = dataclasses.replace(held, images=held.images[order], labels=held.labels[order])
+        eval_ds = grain.MapDataset.source(_padded(held, eval_batch))[index::count]
+        eval_ds = eval_ds.batch(shard.rows(eval_batch), drop_remainder=True)
+        meta = ImageMeta(train.classes, len(train), len(held), train.skipped + held.skipped)
+        return Datasets(train=train_ds, eval=eval_ds, meta=meta)
+
+    def batch_fields(self, batch_size: int, datasets: Datasets | None) -> dict[str, Field]:
+        side = self.config.data.image_size
+        return {
+            "images": Field((batch_size, side, side, 3), jnp.uint8, ("batch", None, None, None)),
+            "labels": Field((batch_size,), jnp.int32, ("batch",)),
+        }
+
+    def axis_rules(self) -> tuple[tuple[str, Any], ...]:
+        return (("conv_in", "fsdp"), ("conv_out", "tensor"))
+
+    # ------------------------------------------------------------------------------------------
+    # On-device preprocessing
+
+    def preprocess(self, batch: Any, rng: jax.Array, *, train: bool) -> Any:
+        """uint8 [B, H, W, 3] -> normalized fp32, augmented when ``train`` (one key per example,
+        from the step's key: the same augmentation on resume)."""
+        d = self.config.data
+        x = batch["images"]
+        if train:
+            crop_key, flip_key, cut_key = jax.random.split(rng, 3)
+            keys = jax.random.split(crop_key, x.shape[0])
+            if d.crop_padding:
+                x = jax.vmap(lambda img, k: _random_crop(img, k, d.crop_padding))(x, keys)
+            if d.flip:
+                flips = jax.random.bernoulli(flip_key, 0.5, (x.shape[0],))
+                x = jnp.where(flips[:, None, None, None], x[:, :, ::-1], x)
+        mean, std = d.channel_stats()
+        x = (x.astype(jnp.float32) / 255.0 - jnp.asarray(mean)) / jnp.asarray(std)
+        if train and d.cutout:
+            x = _cutout(x, cut_key, d.cutout)
+        return {**batch, "images": x}
+
+    def model_inputs(self, batch: Any) -> tuple[Any, ...]:
+        return (batch["images"],)
+
+    def predict(self, model: Any, variables: dict[str, Any], batch: Any) -> jax.Array:
+        logits = model.apply(variables, batch["images"], deterministic=True)
+        if self.config.data.tta_flip:
+            mirrored = model.apply(variables, batch["images"][:, :, ::-1], deterministic=True)
+            logits = (logits + mirrored) / 2
+        return logits
+
+    # ------------------------------------------------------------------------------------------
+    # Loss and metrics
+
+    def loss(self, outputs: jax.Array, batch: Any) -> jax.Array:
+        classes = outputs.shape[-1]
+        targets = optax.smooth_labels(
+            jax.nn.one_hot(batch["labels"], classes), self.config.data.label_smoothing
+        )
+        return optax.softmax_cross_entropy(outputs.astype(jnp.float32), targets).mean()
+
+    def eval_outputs(self, outputs: jax.Array, batch: Any) -> dict[str, jax.Array]:
+        """Sums over the real (label >= 0) images of the batch; padding rows count nothing."""
+        labels = batch["labels"]
+        real = labels >= 0
+        loss = optax.softmax_cross_entropy_with_integer_labels(
+            outputs.astype(jnp.float32), jnp.maximum(labels, 0)
+        )
+        correct = (jnp.argmax(outputs, axis=-1) == labels) & real
+        return {
+            "loss_sum": jnp.where(real, loss, 0.0).sum(),
+            "correct": correct.sum().astype(jnp.float32),
+            "images": real.sum().astype(jnp.float32),
+        }
+
+    def summarize(self, outputs: list[dict[str, np.ndarray]]) -> dict[str, float]:
+        totals = {k: sum(float(o[k]) for o in outputs) for k in outputs[0]}
+        seen = max(totals["images"], 1.0)
+        return {"eval_loss": totals["loss_sum"] / seen, "eval_accuracy": totals["correct"] / seen}
+
+    def model_flops_per_step(self, batch_size: int, datasets: Datasets | None) -> float:
+        return resnet.train_flops_per_step(
+            self.config.model, batch_size=batch_size, image_size=self.config.data.image_size
+        )
+
+    def examples_per_step(self, batch_size: int) -> int:
+        return batch_size
+
+
+def _random_crop(image: jax.Array, key: jax.Array, padding: int) -> jax.Array:
+    """A random ``H x W`` window of ``image`` reflect-padded by ``padding`` on each side."""
+    height, width, channels = image.shape
+    padded = jnp.pad(image, ((padding, padding), (padding, padding), (0, 0)), mode="reflect")
+    top, left = jax.random.randint(key, (2,), 0, 2 * padding + 1)
+    return jax.lax.dynamic_slice(padded, (top, left, 0), (height, width, channels))
+
+
+def _cutout(x: jax.Array, key: jax.Array, size: int) -> jax.Array:
+    """Each image gets a ``size x size`` square (centre uniform over the image, clipped at the
+    borders) set to 0: the channel mean after normalization."""
+    batch, height, width, _ = x.shape
+    centre = jax.random.randint(key, (batch, 2), 0, jnp.array([height, width]))
+    rows = jnp.arange(height)[None, :] - (centre[:, :1] - size // 2)
+    cols = jnp.arange(width)[None, :] - (centre[:, 1:] - size // 2)
+    inside = ((rows >= 0) & (rows < size))[:, :, None] & ((cols >= 0) & (cols < size))[:, None, :]
+    return jnp.where(inside[..., None], 0.0, x)
+
+
+WORKLOAD = ImageClassification

@@ -1,0 +1,202 @@
+"""Image classification: the loaders of every format, on-device augmentation, BatchNorm over the
+global batch, the ResNets' FLOPs, exact eval accuracy and one-line errors for bad images."""
+
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import REPO
+from PIL import Image
+
+import hopperjax
+from hopperjax.config import ConfigError
+from hopperjax.data import images
+from hopperjax.data.errors import DataError
+from hopperjax.models import resnet
+from hopperjax.trainer import build_components
+from hopperjax.trainer.step import preprocess_key
+
+RNG = np.random.default_rng(0)
+PIXELS = RNG.integers(0, 256, (6, 32, 32, 3), dtype=np.uint8)
+LABELS = np.array([3, 0, 9, 3, 1, 0], np.int32)
+
+
+def _write_cifar(tmp_path):
+    """The same six images in the binary and the python release (train: 5 batch files)."""
+    planes = PIXELS.transpose(0, 3, 1, 2).reshape(6, -1)
+    binary, python = tmp_path / "bin", tmp_path / "py"
+    binary.mkdir()
+    python.mkdir()
+    splits = {name: slice(i, i + 1) for i, name in enumerate(images.CIFAR_TRAIN_FILES)}
+    splits[images.CIFAR_TEST_FILE] = slice(5, 6)
+    for name, rows in splits.items():
+        records = np.concatenate([LABELS[rows, None].astype(np.uint8), planes[rows]], axis=1)
+        records.tofile(binary / f"{name}.bin")
+        batch = {b"data": planes[rows], b"labels": LABELS[rows].tolist(), b"batch_label": b"x"}
+        (python / name).write_bytes(pickle.dumps(batch, protocol=2))
+    return binary, python
+
+
+def _write_folders(root, pixels=PIXELS, labels=LABELS, suffix=".png"):
+    for split, rows in (("train", range(5)), ("test", range(5, 6))):
+        for i in rows:
+            folder = root / split / images.CIFAR_CLASSES[labels[i]]
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels[i]).save(folder / f"{i:04d}{suffix}")
+
+
+def test_every_source_reads_the_same_images_and_labels(tmp_path):
+    binary, python = _write_cifar(tmp_path)
+    for root, is_binary in ((binary, True), (python, False)):
+        train = images.read_cifar(root, "train", binary=is_binary)
+        test = images.read_cifar(root, "test", binary=is_binary)
+        np.testing.assert_array_equal(train.images, PIXELS[:5])
+        np.testing.assert_array_equal(train.labels, LABELS[:5])
+        np.testing.assert_array_equal(test.images, PIXELS[5:])
+        assert train.classes[3] == "cat"
+    # Folders (lossless PNG): class ids are the sorted names of the classes present.
+    _write_folders(tmp_path / "folders")
+    train = images.read_folder(tmp_path / "folders", "train", 32)
+    assert train.classes == ("airplane", "automobile", "cat", "truck")
+    order = np.argsort([images.CIFAR_CLASSES[c] for c in LABELS[:5]], kind="stable")
+    np.testing.assert_array_equal(train.images, PIXELS[:5][order])
+    assert [train.classes[c] for c in train.labels] == [
+        images.CIFAR_CLASSES[c] for c in LABELS[:5][order]
+    ]
+    # Grayscale and palette images become RGB.
+    gray = tmp_path / "gray.png"
+    Image.fromarray(PIXELS[0, :, :, 0]).save(gray)
+    np.testing.assert_array_equal(images.decode(gray, 32), np.repeat(PIXELS[0, :, :, :1], 3, 2))
+
+
+def test_bad_images_are_one_line_errors_naming_the_file_or_are_skipped(tmp_path):
+    root = tmp_path / "folders"
+    _write_folders(root, suffix=".jpg")
+    broken = root / "train" / "cat" / "broken.jpg"
+    broken.write_bytes(b"not a jpeg")
+    with pytest.raises(DataError, match=r"broken\.jpg: not a readable image"):
+        images.read_folder(root, "train", 32)
+    skipped = images.read_folder(root, "train", 32, skip_bad=True)
+    assert len(skipped) == 5 and skipped.skipped == 1
+    broken.unlink()
+    Image.fromarray(PIXELS[0, :30]).save(root / "train" / "cat" / "small.png")
+    with pytest.raises(DataError, match=r"small\.png: 32x30 pixels, expected 32x32"):
+        images.read_folder(root, "train", 32)
+    # Through the trainer: one line naming the file, under data.path.
+    config = hopperjax.load_config(
+        REPO / "configs" / "cifar10_resnet.yaml",
+        [f"data.path={root}", f"run_dir={tmp_path / 'run'}", "train.batch_size=8"],
+    )
+    with pytest.raises(ConfigError, match=r"small\.png: 32x30 pixels") as info:
+        hopperjax.train(config, console=False)
+    assert "\n" not in str(info.value)
+
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(bytes(images.CIFAR_RECORD + 5))
+    with pytest.raises(DataError, match=r"cut\.bin: 3078 bytes, not a whole number"):
+        images.read_cifar_binary_file(cut)
+    evil = tmp_path / "evil"
+    evil.write_bytes(pickle.dumps(print))
+    with pytest.raises(DataError, match=r"refused to unpickle global 'builtins\.print'"):
+        images.read_cifar_python_file(evil)
+
+
+def _image_config(tmp_path, *overrides):
+    cls = hopperjax.workloads.get("image")
+    return hopperjax.load_config(
+        None, ["workload=image", *cls.smoke_overrides, f"run_dir={tmp_path / 'run'}", *overrides]
+    )
+
+
+def test_augmentation_crops_flips_and_cuts_per_image_and_eval_only_normalizes(tmp_path):
+    config = _image_config(tmp_path, "data.cutout=8")
+    workload = hopperjax.workloads.get("image")(config)
+    batch = {"images": jnp.asarray(PIXELS), "labels": jnp.asarray(LABELS)}
+    mean, std = (np.asarray(v, np.float32) for v in config.data.channel_stats())
+    normalized = (PIXELS / np.float32(255) - mean) / std
+
+    held = workload.preprocess(batch, jax.random.key(0), train=False)["images"]
+    np.testing.assert_allclose(held, normalized, rtol=1e-6, atol=1e-6)
+
+    key = jax.random.key(7)
+    jitted = jax.jit(lambda b, k: workload.preprocess(b, k, train=True)["images"])(batch, key)
+    again = np.asarray(workload.preprocess(batch, key, train=True)["images"])
+    np.testing.assert_allclose(jitted, again, atol=1e-6)  # the same key, the same augmentation
+    other = np.asarray(workload.preprocess(batch, jax.random.key(8), train=True)["images"])
+    assert not np.allclose(other, again)  # another step's key, other augmentations
+
+    # Each image is a 32x32 window of its reflect-padded self (or its mirror), with one square
+    # of at most 8x8 set to 0 (the mean).
+    pad = config.data.crop_padding
+    for i in range(len(PIXELS)):
+        padded = np.pad(normalized[i], ((pad, pad), (pad, pad), (0, 0)), mode="reflect")
+        cut = np.all(again[i] == 0.0, axis=-1)
+        assert 0 < cut.sum() <= 64
+        found = False
+        for top in range(2 * pad + 1):
+            for left in range(2 * pad + 1):
+                window = padded[top : top + 32, left : left + 32]
+                for candidate in (window, window[:, ::-1]):
+                    if np.allclose(candidate[~cut], again[i][~cut], atol=1e-5):
+                        found = True
+        assert found, i
+
+
+def test_batchnorm_statistics_on_eight_devices_are_those_of_the_global_batch(tmp_path):
+    """The step's BatchNorm statistics with the batch split over 8 devices equal those of the
+    same model on one device over the whole batch (the mean spans the data axis; fp32, where
+    per-device means would differ by ~0.1), and stay fp32 under bf16 compute."""
+    bf16 = build_components(_image_config(tmp_path, "precision=bf16")).abstract_state
+    assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(bf16.model_state))
+    config = _image_config(tmp_path, "train.batch_size=16")
+    parts = build_components(config)
+    state = parts.init_state()
+    x = RNG.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
+    batch = {"images": x, "labels": np.zeros(16, np.int32)}
+    variables = {"params": jax.device_get(state.params), **jax.device_get(state.model_state)}
+    key = preprocess_key(state.rng, state.step)  # the step's own augmentation
+    sharded = {k: jax.device_put(v, parts.batch_sharding[k]) for k, v in batch.items()}
+    assert len(sharded["images"].sharding.device_set) == 8
+    new_state, _ = parts.train_step(state, sharded)
+    eight = jax.device_get(new_state.model_state["batch_stats"])
+
+    model = parts.workload.build_model(hopperjax.get_policy("fp32"), config.remat)
+
+    def one_device(v, images):
+        images = parts.workload.preprocess({"images": images}, key, train=True)["images"]
+        return model.apply(v, images, deterministic=False, mutable=["batch_stats"])[1]
+
+    device = jax.devices()[0]
+    one = jax.jit(one_device)(jax.device_put(variables, device), jax.device_put(x, device))
+    leaves = jax.tree.leaves(one["batch_stats"])
+    assert len(leaves) == 16 and max(float(np.abs(v).max()) for v in leaves) > 1e-2
+    for a, b in zip(jax.tree.leaves(eight), leaves, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_resnet_flops_match_the_published_counts():
+    """Multiply-adds per 224x224 image: ResNet-18 1.82 G, ResNet-34 3.67 G, ResNet-50 (v1.5)
+    4.09 G (torchvision's model cards count 1.81, 3.66, 4.09 GMACs)."""
+    for arch, gmacs in (("resnet18", 1.82), ("resnet34", 3.67), ("resnet50", 4.09)):
+        config = resnet.ResNetConfig(arch=arch, stem="imagenet", num_classes=1000)
+        forward, _ = resnet.forward_flops(config, 224)
+        assert forward / 2e9 == pytest.approx(gmacs, rel=0.01), arch
+
+
+def test_eval_scores_every_held_out_image_once(tmp_path):
+    """77 held-out images in eval batches of 16: the last batch is padded with masked rows, so
+    the scores are over exactly 77 images (a dropped remainder would score 64)."""
+    config = _image_config(tmp_path, "data.synthetic_images=308")
+    parts = build_components(config)
+    batches = list(parts.datasets.eval)
+    labels = np.concatenate([b["labels"] for b in batches])
+    assert len(labels) == 80 and (labels >= 0).sum() == 77 and (labels[77:] == -1).all()
+    logits = RNG.normal(size=(80, 10)).astype(np.float32)
+    outputs = parts.workload.eval_outputs(jnp.asarray(logits), {"labels": jnp.asarray(labels)})
+    scores = parts.workload.summarize([jax.device_get(outputs)])
+    real = labels >= 0
+    expected = (logits[real].argmax(-1) == labels[real]).mean()
+    assert float(outputs["images"]) == 77
+    assert scores["eval_accuracy"] == pytest.approx(expected)
