@@ -2,6 +2,7 @@
 global batch, the ResNets' FLOPs, exact eval accuracy and one-line errors for bad images."""
 
 import pickle
+import re
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,7 @@ from conftest import REPO
 from PIL import Image
 
 import hopperjax
-from hopperjax.config import ConfigError
+from hopperjax.config import ConfigError, RematConfig
 from hopperjax.data import images
 from hopperjax.data.errors import DataError
 from hopperjax.models import resnet
@@ -185,6 +186,19 @@ def test_resnet_flops_match_the_published_counts():
         assert forward / 2e9 == pytest.approx(gmacs, rel=0.01), arch
 
 
+@pytest.mark.parametrize(
+    ("arch", "count"),
+    [("resnet18", 11_689_512), ("resnet34", 21_797_672), ("resnet50", 25_557_032)],
+)
+def test_resnets_have_torchvisions_parameter_counts(arch, count):
+    """The ImageNet ResNets' parameters (BatchNorm scales and biases included, running
+    statistics not) number what torchvision's do: the same layers, v1.5 for ResNet-50."""
+    config = resnet.ResNetConfig(arch=arch, stem="imagenet", num_classes=1000)
+    model = resnet.ResNet(config, hopperjax.get_policy("fp32"), RematConfig())
+    shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 224, 224, 3)))
+    assert sum(x.size for x in jax.tree.leaves(shapes["params"])) == count
+
+
 def test_eval_scores_every_held_out_image_once(tmp_path):
     """77 held-out images in eval batches of 16: the last batch is padded with masked rows, so
     the scores are over exactly 77 images (a dropped remainder would score 64)."""
@@ -200,3 +214,78 @@ def test_eval_scores_every_held_out_image_once(tmp_path):
     expected = (logits[real].argmax(-1) == labels[real]).mean()
     assert float(outputs["images"]) == 77
     assert scores["eval_accuracy"] == pytest.approx(expected)
+
+
+def test_imagenet_recipe_trains_on_photos_of_any_shape_decoded_in_the_pipeline(tmp_path):
+    """configs/imagenet_resnet50.yaml (random-resized crop, lazy decoding, host resize), shrunk
+    in width and image size and with ResNet-18's basic blocks (ResNet-50's 16 bottlenecks take a
+    minute to compile here; their structure is checked by parameter count below), trains and
+    evaluates on tiny generated folders of photos of several shapes."""
+    root = tmp_path / "imagenet"
+    shapes = [(40, 30), (64, 48), (36, 52), (48, 48)]
+    for split, count in (("train", 16), ("val", 5)):
+        for i in range(count):
+            folder = root / split / f"n0{i % 3}"
+            folder.mkdir(parents=True, exist_ok=True)
+            width, height = shapes[i % len(shapes)]
+            pixels = RNG.integers(0, 256, (height, width, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / f"{i}.JPEG")
+    config = hopperjax.load_config(
+        REPO / "configs" / "imagenet_resnet50.yaml",
+        [f"data.path={root}", f"run_dir={tmp_path / 'run'}", "data.workers=0",
+         "model.arch=resnet18", "model.width=4", "data.image_size=40", "data.crop_size=32",
+         "precision=fp32", "train.batch_size=8", "train.eval_batch_size=8", "train.steps=2",
+         "train.eval_every=2", "optim.warmup_steps=1"],
+    )  # fmt: skip
+    parts = build_components(config)
+    assert len(parts.datasets.meta.classes) == 3
+    batches = iter(parts.datasets.train)
+    first = next(batches)
+    assert first["images"].shape == (8, 40, 40, 3) and first["images"].dtype == np.uint8
+    workload = parts.workload
+    crops = workload.preprocess(
+        {k: jnp.asarray(v) for k, v in first.items()}, jax.random.key(0), train=True
+    )["images"]
+    assert crops.shape == (8, 32, 32, 3) and np.isfinite(np.asarray(crops)).all()
+    centre = workload.preprocess({"images": jnp.asarray(first["images"])}, None, train=False)
+    mean, std = (np.asarray(v, np.float32) for v in config.data.channel_stats())
+    expected = (first["images"][:, 4:36, 4:36] / np.float32(255) - mean) / std
+    np.testing.assert_allclose(centre["images"], expected, rtol=1e-5, atol=1e-5)
+    # Two training steps (the eval step's compile is left to the contract test's smoke model).
+    state = parts.init_state()
+    start = jax.device_get(state.params)
+    for batch in (first, next(batches)):
+        placed = {k: jax.device_put(v, parts.batch_sharding[k]) for k, v in batch.items()}
+        state, metrics = parts.train_step(state, placed)
+        assert np.isfinite(float(metrics["loss"]))
+    moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - b).max()), state.params, start)
+    assert max(jax.tree.leaves(moved)) > 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "message"),
+    [
+        (["data.crop_size=24"], "data.crop_size", "= it with data.augment=crop"),
+        (["data.augment=resized_crop", "data.crop_size=40"], "data.crop_size", "<= data.image"),
+        (["data.preload=false"], "data.preload", "needs data.source=folder"),
+        (["data.resize=true"], "data.resize", "needs data.source=folder"),
+        (["data.mean=0.5,0.5"], "data.mean", "three comma-separated numbers"),
+        (["data.std=0.2,0,0.2"], "data.std", "three comma-separated positive numbers"),
+        (["data.crop_padding=32"], "data.crop_padding", "padding < data.image_size"),
+        (["model.bn_momentum=1"], "model.bn_momentum", "0 <= momentum < 1"),
+    ],
+)
+def test_bad_image_keys_are_named(overrides, key, message, tmp_path):
+    with pytest.raises(ConfigError, match=re.escape(message)) as info:
+        _image_config(tmp_path, *overrides)
+    assert info.value.key == key
+
+
+def test_skipping_bad_images_needs_them_decoded_up_front(tmp_path):
+    _write_folders(tmp_path / "f")
+    with pytest.raises(ConfigError, match=r"skip needs data\.preload=true") as info:
+        _image_config(
+            tmp_path, "data.source=folder", f"data.path={tmp_path / 'f'}",
+            "data.preload=false", "data.bad_records=skip",
+        )  # fmt: skip
+    assert info.value.key == "data.bad_records"

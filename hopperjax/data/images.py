@@ -57,6 +57,60 @@ class ImageSet:
         """One example (a grain ``RandomAccessDataSource``)."""
         return {"images": self.images[index], "labels": self.labels[index]}
 
+    def take(self, order: np.ndarray) -> ImageSet:
+        """The examples in ``order``."""
+        return dataclasses.replace(self, images=self.images[order], labels=self.labels[order])
+
+    def padded(self, multiple: int) -> ImageSet:
+        """Grown to a multiple of ``multiple`` with black images labelled -1 (to be masked)."""
+        extra = -len(self) % multiple
+        if not extra:
+            return self
+        black = np.zeros((extra, *self.images.shape[1:]), np.uint8)
+        return dataclasses.replace(
+            self,
+            images=np.concatenate([self.images, black]),
+            labels=np.concatenate([self.labels, np.full(extra, -1, np.int32)]),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFiles:
+    """Image files decoded when read (in the data pipeline, so in ``data.workers`` processes):
+    for image sets larger than host memory. ``paths[i]`` None is a black padding image labelled
+    -1. A bad image raises ``DataError`` naming the file when it is read."""
+
+    paths: tuple[Path | None, ...]
+    labels: np.ndarray
+    classes: tuple[str, ...]
+    size: int
+    resize: bool = False
+    skipped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        path = self.paths[index]
+        if path is None:
+            image = np.zeros((self.size, self.size, 3), np.uint8)
+        else:
+            image = decode(path, self.size, resize=self.resize)
+        return {"images": image, "labels": self.labels[index]}
+
+    def take(self, order: np.ndarray) -> ImageFiles:
+        return dataclasses.replace(
+            self, paths=tuple(self.paths[i] for i in order), labels=self.labels[order]
+        )
+
+    def padded(self, multiple: int) -> ImageFiles:
+        extra = -len(self) % multiple
+        return dataclasses.replace(
+            self,
+            paths=self.paths + (None,) * extra,
+            labels=np.concatenate([self.labels, np.full(extra, -1, np.int32)]),
+        )
+
 
 # ---------------------------------------------------------------------------------------------
 # Image folders
@@ -92,11 +146,12 @@ def list_folder(root: Path, split: str, classes: Sequence[str]) -> tuple[list[Pa
     return paths, np.asarray(labels, np.int32)
 
 
-def decode(path: Path, size: int | None) -> np.ndarray:
+def decode(path: Path, size: int | None, *, resize: bool = False) -> np.ndarray:
     """One image file -> uint8 [H, W, 3] RGB (other modes are converted).
 
-    ``size``: the side every image must have (square), or None for any size.
-    Raises DataError naming the file: unreadable, or of another size.
+    ``size``: the side every image must have (square), or None for any size. ``resize``: scale
+    the shorter side to ``size`` (antialiased bilinear) and keep the centre square, so photos of
+    any shape fit. Raises DataError naming the file: unreadable, or of another size.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -104,6 +159,8 @@ def decode(path: Path, size: int | None) -> np.ndarray:
         with Image.open(path) as image:
             image.load()
             rgb = image if image.mode == "RGB" else image.convert("RGB")
+            if resize and size is not None and rgb.size != (size, size):
+                rgb = _shorter_side_centre(rgb, size)
             array = np.asarray(rgb, np.uint8)
     except (OSError, UnidentifiedImageError, ValueError) as e:
         raise DataError(f"{path}: not a readable image ({one_line(e)})") from None
@@ -115,9 +172,20 @@ def decode(path: Path, size: int | None) -> np.ndarray:
     return array
 
 
+def _shorter_side_centre(image, size: int):
+    from PIL import Image
+
+    width, height = image.size
+    scale = size / min(width, height)
+    new = (max(size, round(width * scale)), max(size, round(height * scale)))
+    image = image.resize(new, Image.Resampling.BILINEAR, reducing_gap=None)
+    left, top = (new[0] - size) // 2, (new[1] - size) // 2
+    return image.crop((left, top, left + size, top + size))
+
+
 def decode_all(
     paths: Sequence[Path], labels: np.ndarray, size: int, classes: tuple[str, ...], *,
-    skip_bad: bool, threads: int | None = None,
+    skip_bad: bool, resize: bool = False, threads: int | None = None,
 ) -> ImageSet:  # fmt: skip
     """Every image of ``paths`` decoded (in ``threads`` threads, default the CPU count), in order.
 
@@ -130,7 +198,7 @@ def decode_all(
     def one(i: int) -> None:
         nonlocal first_error
         try:
-            images[i] = decode(paths[i], size)
+            images[i] = decode(paths[i], size, resize=resize)
         except DataError as e:
             keep[i] = False
             if first_error is None:
@@ -148,13 +216,19 @@ def decode_all(
 
 def read_folder(
     root: str | Path, split: str, size: int, *, classes: tuple[str, ...] | None = None,
-    skip_bad: bool = False,
-) -> ImageSet:  # fmt: skip
-    """One split of an image-folder tree; ``classes`` default: this split's own folders."""
+    skip_bad: bool = False, resize: bool = False, preload: bool = True,
+) -> ImageSet | ImageFiles:  # fmt: skip
+    """One split of an image-folder tree; ``classes`` default: this split's own folders.
+
+    ``preload``: decode every image now (``ImageSet``); else list the files and decode each when
+    read (``ImageFiles``; a bad image then stops the run when it is reached, ``skip_bad`` aside).
+    """
     root = Path(root)
     classes = classes or folder_classes(root, split)
     paths, labels = list_folder(root, split, classes)
-    return decode_all(paths, labels, size, classes, skip_bad=skip_bad)
+    if not preload:
+        return ImageFiles(tuple(paths), labels, classes, size, resize)
+    return decode_all(paths, labels, size, classes, skip_bad=skip_bad, resize=resize)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,6 +47,13 @@ class ImageData(config_lib.DataConfig):
     side of a random square set to the mean
     (0: off); ``tta_flip``: eval averages the logits of each image and its mirror.
     ``label_smoothing``: of the cross-entropy targets (training loss only).
+    ``resize``: folder images of any shape are scaled (shorter side to ``image_size``) and
+    centre-cropped square on the host. ``preload``: decode every image when the run starts (in
+    threads); false decodes each image when the pipeline reads it, in ``workers`` processes, for
+    image sets larger than host memory. ``augment``: ``crop`` (the padded random crop above) or
+    ``resized_crop`` (Inception-style: a random box of 8-100 % of the area and aspect 3/4-4/3,
+    resized to ``crop_size``; eval takes the centre ``crop_size`` square). ``crop_size``: the
+    side the model sees (default ``image_size``; with ``crop`` it must be ``image_size``).
     """
 
     source: Literal["folder", "cifar_binary", "cifar_python", "synthetic"] = "folder"
@@ -64,6 +71,15 @@ class ImageData(config_lib.DataConfig):
     cutout: int = 0
     tta_flip: bool = False
     label_smoothing: float = 0.0
+    resize: bool = False
+    preload: bool = True
+    augment: Literal["crop", "resized_crop"] = "crop"
+    crop_size: int | None = None
+
+    @property
+    def input_size(self) -> int:
+        """The side of the images the model sees."""
+        return self.crop_size or self.image_size
 
     def channel_stats(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """(mean, std), three floats each. Raises ConfigError naming the key."""
@@ -92,18 +108,6 @@ class ImageMeta:
     train_images: int
     eval_images: int
     skipped: int = 0
-
-
-def _padded(split: image_data.ImageSet, multiple: int) -> image_data.ImageSet:
-    """``split`` grown to a multiple of ``multiple`` with black images labelled -1 (masked)."""
-    extra = -len(split) % multiple
-    if not extra:
-        return split
-    return dataclasses.replace(
-        split,
-        images=np.concatenate([split.images, np.zeros((extra, *split.images.shape[1:]), np.uint8)]),
-        labels=np.concatenate([split.labels, np.full(extra, -1, np.int32)]),
-    )
 
 
 class ImageClassification(Workload):
@@ -139,6 +143,24 @@ class ImageClassification(Workload):
             raise ConfigError(
                 "data.label_smoothing", f"expected 0 <= smoothing < 1, got {d.label_smoothing}"
             )
+        if d.crop_size is not None:
+            config_lib.positive("data.crop_size", d.crop_size)
+            if d.crop_size > d.image_size or (d.augment == "crop" and d.crop_size != d.image_size):
+                raise ConfigError(
+                    "data.crop_size",
+                    f"expected <= data.image_size={d.image_size} with data.augment=resized_crop, "
+                    f"and = it with data.augment=crop; got {d.crop_size}",
+                )
+        if not d.preload:
+            if d.source != "folder":
+                raise ConfigError("data.preload", "false needs data.source=folder")
+            if d.bad_records == "skip":
+                raise ConfigError(
+                    "data.bad_records",
+                    "skip needs data.preload=true (images decoded when read cannot be left out)",
+                )
+        if d.resize and d.source != "folder":
+            raise ConfigError("data.resize", "true needs data.source=folder")
         if d.source in SOURCES_WITH_PATH:
             if not d.path:
                 raise ConfigError("data.path", f"required when data.source is '{d.source}'")
@@ -157,7 +179,8 @@ class ImageClassification(Workload):
     def build_model(self, policy: Policy, remat: RematConfig) -> resnet.ResNet:
         return resnet.ResNet(config=self.config.model, policy=policy, remat=remat)
 
-    def _read(self) -> tuple[image_data.ImageSet, image_data.ImageSet]:
+    def _read(self) -> tuple[Any, Any]:
+        """(train, held-out): ``ImageSet``s, or ``ImageFiles`` when ``data.preload`` is false."""
         d = self.config.data
         try:
             if d.source == "synthetic":
@@ -168,10 +191,10 @@ class ImageClassification(Workload):
                     image_data.synthetic(max(1, n // 4), d.image_size, classes, seed + 1),
                 )
             if d.source == "folder":
-                skip = d.bad_records == "skip"
-                train = image_data.read_folder(d.path, d.train_split, d.image_size, skip_bad=skip)
+                read = dict(skip_bad=d.bad_records == "skip", resize=d.resize, preload=d.preload)
+                train = image_data.read_folder(d.path, d.train_split, d.image_size, **read)
                 held = image_data.read_folder(
-                    d.path, d.eval_split, d.image_size, classes=train.classes, skip_bad=skip
+                    d.path, d.eval_split, d.image_size, classes=train.classes, **read
                 )
                 return train, held
             binary = d.source == "cifar_binary"
@@ -213,9 +236,8 @@ class ImageClassification(Workload):
         )
         # Folders list the held-out images class by class: a fixed permutation makes any prefix
         # (``train.eval_batches``) a fair sample of every class.
-        order = np.random.default_rng(0).permutation(len(held))
-        held = dataclasses.replace(held, images=held.images[order], labels=held.labels[order])
-        eval_ds = grain.MapDataset.source(_padded(held, eval_batch))[index::count]
+        held = held.take(np.random.default_rng(0).permutation(len(held)))
+        eval_ds = grain.MapDataset.source(held.padded(eval_batch))[index::count]
         eval_ds = eval_ds.batch(shard.rows(eval_batch), drop_remainder=True)
         meta = ImageMeta(train.classes, len(train), len(held), train.skipped + held.skipped)
         return Datasets(train=train_ds, eval=eval_ds, meta=meta)
@@ -238,14 +260,20 @@ class ImageClassification(Workload):
         from the step's key: the same augmentation on resume)."""
         d = self.config.data
         x = batch["images"]
+        side = d.input_size
         if train:
             crop_key, flip_key, cut_key = jax.random.split(rng, 3)
             keys = jax.random.split(crop_key, x.shape[0])
-            if d.crop_padding:
+            if d.augment == "resized_crop":
+                x = jax.vmap(lambda img, k: _random_resized_crop(img, k, side))(x, keys)
+            elif d.crop_padding:
                 x = jax.vmap(lambda img, k: _random_crop(img, k, d.crop_padding))(x, keys)
             if d.flip:
                 flips = jax.random.bernoulli(flip_key, 0.5, (x.shape[0],))
                 x = jnp.where(flips[:, None, None, None], x[:, :, ::-1], x)
+        elif side < x.shape[1]:  # eval: the centre square the model sees
+            top, left = (x.shape[1] - side) // 2, (x.shape[2] - side) // 2
+            x = x[:, top : top + side, left : left + side]
         mean, std = d.channel_stats()
         x = (x.astype(jnp.float32) / 255.0 - jnp.asarray(mean)) / jnp.asarray(std)
         if train and d.cutout:
@@ -293,7 +321,7 @@ class ImageClassification(Workload):
 
     def model_flops_per_step(self, batch_size: int, datasets: Datasets | None) -> float:
         return resnet.train_flops_per_step(
-            self.config.model, batch_size=batch_size, image_size=self.config.data.image_size
+            self.config.model, batch_size=batch_size, image_size=self.config.data.input_size
         )
 
     def examples_per_step(self, batch_size: int) -> int:
@@ -306,6 +334,25 @@ def _random_crop(image: jax.Array, key: jax.Array, padding: int) -> jax.Array:
     padded = jnp.pad(image, ((padding, padding), (padding, padding), (0, 0)), mode="reflect")
     top, left = jax.random.randint(key, (2,), 0, 2 * padding + 1)
     return jax.lax.dynamic_slice(padded, (top, left, 0), (height, width, channels))
+
+
+def _random_resized_crop(image: jax.Array, key: jax.Array, side: int) -> jax.Array:
+    """A random box of 8-100 % of ``image``'s area and aspect ratio 3/4-4/3, resized to
+    ``side x side`` (antialiased bilinear) -> fp32 pixels in 0..255."""
+    size = image.shape[0]
+    area_key, aspect_key, top_key, left_key = jax.random.split(key, 4)
+    area = jax.random.uniform(area_key, (), minval=0.08, maxval=1.0) * size * size
+    log_aspect = jax.random.uniform(aspect_key, (), minval=jnp.log(3 / 4), maxval=jnp.log(4 / 3))
+    aspect = jnp.exp(log_aspect)
+    width = jnp.clip(jnp.sqrt(area * aspect), 1.0, size)
+    height = jnp.clip(jnp.sqrt(area / aspect), 1.0, size)
+    top = jax.random.uniform(top_key, ()) * (size - height)
+    left = jax.random.uniform(left_key, ()) * (size - width)
+    scale = jnp.stack([side / height, side / width])
+    return jax.image.scale_and_translate(
+        image.astype(jnp.float32), (side, side, image.shape[2]), (0, 1), scale,
+        -jnp.stack([top, left]) * scale, method="linear", antialias=True,
+    )  # fmt: skip
 
 
 def _cutout(x: jax.Array, key: jax.Array, size: int) -> jax.Array:
