@@ -19,6 +19,7 @@ import jax
 from hopperjax import supervise
 from hopperjax.checkpoint import CheckpointError
 from hopperjax.config import ConfigError, load_config
+from hopperjax.data.errors import DataError
 from hopperjax.observe.metrics import MetricsFileError
 
 
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (CheckpointError, MetricsFileError) as e:
         print(f"hopperjax: {e}", file=sys.stderr)
+        return 2
+    except DataError as e:  # a bad record met while training (data decoded when read)
+        print(f"hopperjax: data error: {e}", file=sys.stderr)
         return 2
     except FloatingPointError as e:
         print(f"hopperjax: {e}", file=sys.stderr)

@@ -15,6 +15,7 @@ import hopperjax
 from hopperjax.config import ConfigError, RematConfig
 from hopperjax.data import images
 from hopperjax.data.errors import DataError
+from hopperjax.data.grain_io import ProcessShard
 from hopperjax.models import resnet
 from hopperjax.trainer import build_components
 from hopperjax.trainer.step import preprocess_key
@@ -289,3 +290,18 @@ def test_skipping_bad_images_needs_them_decoded_up_front(tmp_path):
             "data.preload=false", "data.bad_records=skip",
         )  # fmt: skip
     assert info.value.key == "data.bad_records"
+
+
+def test_an_image_decoded_when_read_names_its_file(tmp_path):
+    """With data.preload=false a bad image surfaces when the pipeline reaches it, as a DataError
+    naming the file (the CLI prints it as one line, exit 2)."""
+    root = tmp_path / "f"
+    _write_folders(root, suffix=".jpg")
+    (root / "train" / "cat" / "0000.jpg").write_bytes(b"truncated")
+    config = _image_config(
+        tmp_path, "data.source=folder", f"data.path={root}", "data.preload=false",
+        "train.batch_size=5", "data.shuffle=false",
+    )  # fmt: skip
+    datasets = hopperjax.workloads.get("image")(config).build_datasets(ProcessShard())
+    with pytest.raises(DataError, match=r"0000\.jpg: not a readable image"):
+        next(iter(datasets.train))
