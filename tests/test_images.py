@@ -132,24 +132,36 @@ def test_augmentation_crops_flips_and_cuts_per_image_and_eval_only_normalizes(tm
     # Each image is a 32x32 window of its reflect-padded self (or its mirror), with one square
     # of at most 8x8 set to 0 (the mean).
     pad = config.data.crop_padding
+    placements = []
     for i in range(len(PIXELS)):
         padded = np.pad(normalized[i], ((pad, pad), (pad, pad), (0, 0)), mode="reflect")
         cut = np.all(again[i] == 0.0, axis=-1)
         assert 0 < cut.sum() <= 64
-        found = False
-        for top in range(2 * pad + 1):
-            for left in range(2 * pad + 1):
-                window = padded[top : top + 32, left : left + 32]
-                for candidate in (window, window[:, ::-1]):
-                    if np.allclose(candidate[~cut], again[i][~cut], atol=1e-5):
-                        found = True
+        found = [
+            (top, left, mirrored)
+            for top in range(2 * pad + 1)
+            for left in range(2 * pad + 1)
+            for mirrored, window in enumerate(
+                (
+                    padded[top : top + 32, left : left + 32],
+                    padded[top : top + 32, left : left + 32][:, ::-1],
+                )
+            )
+            if np.allclose(window[~cut], again[i][~cut], atol=1e-5)
+        ]
         assert found, i
+        placements.append(found[0])
+    # The crops and flips did happen: offsets other than the centre, and mirrored images.
+    assert any((top, left) != (pad, pad) for top, left, _ in placements), placements
+    assert any(mirrored for _, _, mirrored in placements), placements
 
 
 def test_batchnorm_statistics_on_eight_devices_are_those_of_the_global_batch(tmp_path):
     """The step's BatchNorm statistics with the batch split over 8 devices equal those of the
     same model on one device over the whole batch (the mean spans the data axis; fp32, where
-    per-device means would differ by ~0.1), and stay fp32 under bf16 compute."""
+    per-device means would differ by ~0.1), and stay fp32 under bf16 compute. (Under the jitted
+    SPMD step this holds by construction; the test guards the step against a per-device
+    formulation, e.g. shard_map or pmap, that would silently change it.)"""
     bf16 = build_components(_image_config(tmp_path, "precision=bf16")).abstract_state
     assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(bf16.model_state))
     config = _image_config(tmp_path, "train.batch_size=16")
@@ -215,6 +227,10 @@ def test_eval_scores_every_held_out_image_once(tmp_path):
     expected = (logits[real].argmax(-1) == labels[real]).mean()
     assert float(outputs["images"]) == 77
     assert scores["eval_accuracy"] == pytest.approx(expected)
+    shifted = logits[real] - logits[real].max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    loss = -log_probs[np.arange(77), labels[real]].mean()
+    assert scores["eval_loss"] == pytest.approx(loss, rel=1e-5)  # padding rows add no loss
 
 
 def test_imagenet_recipe_trains_on_photos_of_any_shape_decoded_in_the_pipeline(tmp_path):
@@ -305,3 +321,28 @@ def test_an_image_decoded_when_read_names_its_file(tmp_path):
     datasets = hopperjax.workloads.get("image")(config).build_datasets(ProcessShard())
     with pytest.raises(DataError, match=r"0000\.jpg: not a readable image"):
         next(iter(datasets.train))
+
+
+def test_remat_gives_the_same_step_and_every_resnet9_parameter_learns(tmp_path):
+    """One step with remat.policy=full (every block recomputed, its train flag static) equals
+    the step without; and every parameter of ResNet-9 gets a gradient (a residual branch whose
+    last BatchNorm started at zero behind a ReLU would get none)."""
+    batch = {"images": PIXELS[:4].repeat(4, 0), "labels": LABELS[:4].repeat(4)}
+    results = []
+    for policy in ("none", "full"):
+        config = _image_config(tmp_path / policy, f"remat.policy={policy}", "optim.clip_norm=null")
+        parts = build_components(config)
+        state = parts.init_state()
+        start = jax.device_get(state.params)
+        placed = {k: jax.device_put(v, parts.batch_sharding[k]) for k, v in batch.items()}
+        state, metrics = parts.train_step(state, placed)
+        results.append((float(metrics["loss"]), jax.device_get(state.params)))
+    (loss, params), (loss_full, params_full) = results
+    assert loss_full == pytest.approx(loss, rel=1e-6)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params_full), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), params, start)
+    frozen = [
+        jax.tree_util.keystr(p) for p, v in jax.tree_util.tree_leaves_with_path(moved) if v == 0
+    ]
+    assert not frozen, frozen

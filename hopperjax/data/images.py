@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -162,7 +163,14 @@ def decode(path: Path, size: int | None, *, resize: bool = False) -> np.ndarray:
             if resize and size is not None and rgb.size != (size, size):
                 rgb = _shorter_side_centre(rgb, size)
             array = np.asarray(rgb, np.uint8)
-    except (OSError, UnidentifiedImageError, ValueError) as e:
+    except (
+        OSError,
+        UnidentifiedImageError,
+        ValueError,
+        SyntaxError,
+        struct.error,
+        Image.DecompressionBombError,
+    ) as e:  # what Pillow raises for damaged or hostile files
         raise DataError(f"{path}: not a readable image ({one_line(e)})") from None
     if size is not None and array.shape[:2] != (size, size):
         height, width = array.shape[:2]
@@ -187,30 +195,30 @@ def decode_all(
     paths: Sequence[Path], labels: np.ndarray, size: int, classes: tuple[str, ...], *,
     skip_bad: bool, resize: bool = False, threads: int | None = None,
 ) -> ImageSet:  # fmt: skip
-    """Every image of ``paths`` decoded (in ``threads`` threads, default the CPU count), in order.
+    """Every image of ``paths`` decoded (in ``threads`` threads, default min(8, CPU count)), in
+    order.
 
-    ``skip_bad``: leave bad images out and count them; else the first bad one raises.
+    ``skip_bad``: leave bad images out and count them; else the first bad one in ``paths``'s
+    order raises (after the others are decoded).
     """
     images = np.empty((len(paths), size, size, 3), np.uint8)
-    keep = np.ones(len(paths), bool)
-    first_error: DataError | None = None
+    errors: dict[int, DataError] = {}
 
     def one(i: int) -> None:
-        nonlocal first_error
         try:
             images[i] = decode(paths[i], size, resize=resize)
         except DataError as e:
-            keep[i] = False
-            if first_error is None:
-                first_error = e
+            errors[i] = e
 
     workers = threads or min(8, os.cpu_count() or 1)
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         list(pool.map(one, range(len(paths)), chunksize=256))
-    if first_error is not None and not skip_bad:
-        raise first_error
+    if errors and not skip_bad:
+        raise errors[min(errors)]
+    keep = np.ones(len(paths), bool)
+    keep[list(errors)] = False
     if not keep.any():
-        raise DataError(f"{paths[0].parent.parent}: every image is bad ({first_error})")
+        raise DataError(f"{paths[0].parent.parent}: every image is bad ({errors[min(errors)]})")
     return ImageSet(images[keep], labels[keep], classes, skipped=int((~keep).sum()))
 
 

@@ -45,10 +45,21 @@ def checkpoint_policy(config: RematConfig) -> Callable[..., object] | None:
     raise ValueError(f"unknown remat policy {config.policy!r}")  # config validation prevents it
 
 
-def remat_block(block: type[nn.Module], config: RematConfig) -> type[nn.Module]:
-    """``block`` wrapped so that its backward pass recomputes what ``config`` does not save."""
+def remat_block(
+    block: type[nn.Module], config: RematConfig, *, static_argnums: tuple[int, ...] = ()
+) -> type[nn.Module]:
+    """``block`` wrapped so that its backward pass recomputes what ``config`` does not save.
+
+    ``static_argnums``: ``__call__`` arguments that are Python values, not arrays (e.g. a
+    ``train`` flag the block branches on), counting ``self`` as 0.
+    """
     if config.policy == "none":
         return block
     # prevent_cse=False: inside a scan the loop already keeps XLA from merging the recompute
     # with the forward pass, and the barriers prevent_cse adds would only block fusion.
-    return nn.remat(block, policy=checkpoint_policy(config), prevent_cse=False)
+    return nn.remat(
+        block,
+        policy=checkpoint_policy(config),
+        prevent_cse=False,
+        static_argnums=static_argnums,
+    )

@@ -14,8 +14,9 @@ global batch: under the jitted SPMD step the mean over the batch axis spans ever
   pool and a classifier whose logits are scaled by ``logit_scale`` (0.125 in its recipe). Its
   stem is its own (``stem`` is ignored).
 
-``zero_init_residual`` starts each block's last BatchNorm scale at 0, so every residual block
-begins as the identity (Goyal et al. 2017). Convolution kernels carry the logical axes
+``zero_init_residual`` starts each ResNet-18/34/50 block's last BatchNorm scale at 0, so every
+residual block begins as the identity (Goyal et al. 2017); ResNet-9's branches end in a ReLU and
+keep theirs (see ``Residual``). Convolution kernels carry the logical axes
 ``conv_in`` / ``conv_out`` (the workload maps them to mesh axes); the stem's 3 input channels
 are never split.
 """
@@ -38,6 +39,7 @@ ARCHS = {"resnet18": (2, 2, 2, 2), "resnet34": (3, 4, 6, 3), "resnet50": (3, 4, 
 BOTTLENECK = {"resnet50"}
 EXPANSION = 4  # bottleneck output channels / inner channels
 STAGE_STRIDES = (1, 2, 2, 2)
+TRAIN = (2,)  # every block is called as block(x, train): train is a Python bool (remat: static)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +168,11 @@ class Bottleneck(nn.Module):
 
 
 class Residual(nn.Module):
-    """ResNet-9's residual pair: x + relu(bn(conv(relu(bn(conv(x))))))."""
+    """ResNet-9's residual pair: x + relu(bn(conv(relu(bn(conv(x)))))).
+
+    Its branch ends in a ReLU, so ``zero_init_residual`` does not apply here: a zero BatchNorm
+    scale and bias there would give the ReLU only zeros, whose gradient is zero, and the branch
+    would never train."""
 
     features: int
     config: ResNetConfig
@@ -176,8 +182,7 @@ class Residual(nn.Module):
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
         c, p = self.config, self.policy
         y = ConvBN(self.features, 3, 1, c, p, name="a")(x, train)
-        y = ConvBN(self.features, 3, 1, c, p, zero_scale=c.zero_init_residual, name="b")(y, train)
-        return x + y
+        return x + ConvBN(self.features, 3, 1, c, p, name="b")(y, train)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,7 +221,9 @@ class ResNet(nn.Module):
             x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
         else:
             x = ConvBN(c.width, 3, 1, c, p, split_in=False, name="stem")(x, train)
-        block = remat_block(Bottleneck if c.arch in BOTTLENECK else BasicBlock, self.remat)
+        block = remat_block(
+            Bottleneck if c.arch in BOTTLENECK else BasicBlock, self.remat, static_argnums=TRAIN
+        )
         for stage, (blocks, stride) in enumerate(zip(ARCHS[c.arch], STAGE_STRIDES, strict=True)):
             for i in range(blocks):
                 x = block(c.width * 2**stage, stride if i == 0 else 1, c, p,
@@ -225,8 +232,8 @@ class ResNet(nn.Module):
 
     def _resnet9(self, x: jax.Array, train: bool) -> jax.Array:
         c, p = self.config, self.policy
-        conv = remat_block(ConvBN, self.remat)
-        residual = remat_block(Residual, self.remat)
+        conv = remat_block(ConvBN, self.remat, static_argnums=TRAIN)
+        residual = remat_block(Residual, self.remat, static_argnums=TRAIN)
         x = ConvBN(c.width, 3, 1, c, p, split_in=False, name="prep")(x, train)
         for stage, res in enumerate((True, False, True)):
             width = c.width * 2 ** (stage + 1)
