@@ -121,6 +121,10 @@ class ImageClassification(Workload):
         "data.source=synthetic",
         "data.path=null",
         "data.synthetic_images=256",
+        "data.preload=true",
+        "data.resize=false",
+        "data.augment=crop",
+        "data.crop_size=null",
         "train.batch_size=16",
     )
 
