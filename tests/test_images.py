@@ -156,40 +156,6 @@ def test_augmentation_crops_flips_and_cuts_per_image_and_eval_only_normalizes(tm
     assert any(mirrored for _, _, mirrored in placements), placements
 
 
-def test_batchnorm_statistics_on_eight_devices_are_those_of_the_global_batch(tmp_path):
-    """The step's BatchNorm statistics with the batch split over 8 devices equal those of the
-    same model on one device over the whole batch (the mean spans the data axis; fp32, where
-    per-device means would differ by ~0.1), and stay fp32 under bf16 compute. (Under the jitted
-    SPMD step this holds by construction; the test guards the step against a per-device
-    formulation, e.g. shard_map or pmap, that would silently change it.)"""
-    bf16 = build_components(_image_config(tmp_path, "precision=bf16")).abstract_state
-    assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(bf16.model_state))
-    config = _image_config(tmp_path, "train.batch_size=16")
-    parts = build_components(config)
-    state = parts.init_state()
-    x = RNG.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
-    batch = {"images": x, "labels": np.zeros(16, np.int32)}
-    variables = {"params": jax.device_get(state.params), **jax.device_get(state.model_state)}
-    key = preprocess_key(state.rng, state.step)  # the step's own augmentation
-    sharded = {k: jax.device_put(v, parts.batch_sharding[k]) for k, v in batch.items()}
-    assert len(sharded["images"].sharding.device_set) == 8
-    new_state, _ = parts.train_step(state, sharded)
-    eight = jax.device_get(new_state.model_state["batch_stats"])
-
-    model = parts.workload.build_model(hopperjax.get_policy("fp32"), config.remat)
-
-    def one_device(v, images):
-        images = parts.workload.preprocess({"images": images}, key, train=True)["images"]
-        return model.apply(v, images, deterministic=False, mutable=["batch_stats"])[1]
-
-    device = jax.devices()[0]
-    one = jax.jit(one_device)(jax.device_put(variables, device), jax.device_put(x, device))
-    leaves = jax.tree.leaves(one["batch_stats"])
-    assert len(leaves) == 16 and max(float(np.abs(v).max()) for v in leaves) > 1e-2
-    for a, b in zip(jax.tree.leaves(eight), leaves, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-
-
 def test_resnet_flops_match_the_published_counts():
     """Multiply-adds per 224x224 image: ResNet-18 1.82 G, ResNet-34 3.67 G, ResNet-50 (v1.5)
     4.09 G (torchvision's model cards count 1.81, 3.66, 4.09 GMACs)."""
@@ -323,20 +289,49 @@ def test_an_image_decoded_when_read_names_its_file(tmp_path):
         next(iter(datasets.train))
 
 
-def test_remat_gives_the_same_step_and_every_resnet9_parameter_learns(tmp_path):
-    """One step with remat.policy=full (every block recomputed, its train flag static) equals
-    the step without; and every parameter of ResNet-9 gets a gradient (a residual branch whose
-    last BatchNorm started at zero behind a ReLU would get none)."""
-    batch = {"images": PIXELS[:4].repeat(4, 0), "labels": LABELS[:4].repeat(4)}
+def test_one_step_batchnorm_on_eight_devices_remat_and_every_parameter_learning(tmp_path):
+    """One training step of the smoke ResNet-9, three checks (one compile of each model):
+
+    - BatchNorm statistics with the batch split over 8 devices equal those of the same model on
+      one device over the whole batch (fp32, 1e-4; per-device means would differ by ~0.1), and
+      are fp32 under bf16 compute. Under the jitted SPMD step this holds by construction; the
+      test guards against a per-device formulation (shard_map, pmap) changing it.
+    - remat.policy=full (every block recomputed, its train flag static) gives the same step.
+    - every parameter moves (a residual branch whose last BatchNorm started at zero behind a
+      ReLU would get no gradient).
+    """
+    bf16 = build_components(_image_config(tmp_path / "bf16", "precision=bf16")).abstract_state
+    assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(bf16.model_state))
+    batch = {"images": RNG.integers(0, 256, (16, 32, 32, 3), dtype=np.uint8),
+             "labels": np.tile(LABELS[:4], 4)}  # fmt: skip
     results = []
     for policy in ("none", "full"):
         config = _image_config(tmp_path / policy, f"remat.policy={policy}", "optim.clip_norm=null")
         parts = build_components(config)
         state = parts.init_state()
-        start = jax.device_get(state.params)
+        variables = {"params": jax.device_get(state.params), **jax.device_get(state.model_state)}
+        key = preprocess_key(state.rng, state.step)  # the step's own augmentation
         placed = {k: jax.device_put(v, parts.batch_sharding[k]) for k, v in batch.items()}
+        assert len(placed["images"].sharding.device_set) == 8
         state, metrics = parts.train_step(state, placed)
         results.append((float(metrics["loss"]), jax.device_get(state.params)))
+        if policy == "none":
+            eight = jax.device_get(state.model_state["batch_stats"])
+            model = parts.workload.build_model(hopperjax.get_policy("fp32"), config.remat)
+
+            def one_device(v, images, model=model, workload=parts.workload, key=key):
+                images = workload.preprocess({"images": images}, key, train=True)["images"]
+                return model.apply(v, images, deterministic=False, mutable=["batch_stats"])[1]
+
+            device = jax.devices()[0]
+            one = jax.jit(one_device)(
+                jax.device_put(variables, device), jax.device_put(batch["images"], device)
+            )
+            leaves = jax.tree.leaves(one["batch_stats"])
+            assert len(leaves) == 16 and max(float(np.abs(v).max()) for v in leaves) > 1e-2
+            for a, b in zip(jax.tree.leaves(eight), leaves, strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+            start = variables["params"]
     (loss, params), (loss_full, params_full) = results
     assert loss_full == pytest.approx(loss, rel=1e-6)
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params_full), strict=True):
