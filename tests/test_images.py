@@ -199,6 +199,34 @@ def test_eval_scores_every_held_out_image_once(tmp_path):
     assert scores["eval_loss"] == pytest.approx(loss, rel=1e-5)  # padding rows add no loss
 
 
+def test_training_batches_cover_each_epoch_once_split_across_processes_and_resume():
+    """Batches are gathered whole: each epoch is a fresh permutation (its remainder left out),
+    two processes' rows are the halves of one process's batch, and batch i depends on i alone
+    (what an exact resume needs)."""
+    n = 70
+    data = images.ImageSet(
+        np.arange(n, dtype=np.uint8)[:, None, None, None] * np.ones((1, 2, 2, 3), np.uint8),
+        np.arange(n, dtype=np.int32),
+        classes=("a",),
+    )
+    one = images.EpochBatches(data, global_batch=16, rows=16, seed=3)
+    halves = [images.EpochBatches(data, 16, rows=8, offset=8 * i, seed=3) for i in range(2)]
+    epochs = [np.concatenate([one[4 * e + k]["labels"] for k in range(4)]) for e in range(3)]
+    for labels in epochs:
+        assert len(set(labels.tolist())) == 64  # 4 batches of 16 distinct images, 6 left out
+    assert not np.array_equal(epochs[0], epochs[1])  # reshuffled each epoch
+    for i in (0, 5, 11):
+        batch = one[i]
+        np.testing.assert_array_equal(batch["images"][:, 0, 0, 0], batch["labels"])
+        joined = np.concatenate([h[i]["labels"] for h in halves])
+        np.testing.assert_array_equal(joined, batch["labels"])
+    fresh = images.EpochBatches(data, global_batch=16, rows=16, seed=3)
+    np.testing.assert_array_equal(fresh[9]["labels"], one[9]["labels"])
+    ordered = images.EpochBatches(data, 16, rows=16, shuffle=False, epochs=1)
+    assert len(ordered) == 4
+    np.testing.assert_array_equal(ordered[1]["labels"], np.arange(16, 32))
+
+
 def test_imagenet_recipe_trains_on_photos_of_any_shape_decoded_in_the_pipeline(tmp_path):
     """configs/imagenet_resnet50.yaml (random-resized crop, lazy decoding, host resize), shrunk
     in width and image size and with ResNet-18's basic blocks (ResNet-50's 16 bottlenecks take a

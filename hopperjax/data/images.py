@@ -58,6 +58,10 @@ class ImageSet:
         """One example (a grain ``RandomAccessDataSource``)."""
         return {"images": self.images[index], "labels": self.labels[index]}
 
+    def batch(self, order: np.ndarray) -> dict[str, np.ndarray]:
+        """The examples in ``order`` as one batch (one gather, not one record at a time)."""
+        return {"images": self.images[order], "labels": self.labels[order]}
+
     def take(self, order: np.ndarray) -> ImageSet:
         """The examples in ``order``."""
         return dataclasses.replace(self, images=self.images[order], labels=self.labels[order])
@@ -99,6 +103,11 @@ class ImageFiles:
             image = decode(path, self.size, resize=self.resize)
         return {"images": image, "labels": self.labels[index]}
 
+    def batch(self, order: np.ndarray) -> dict[str, np.ndarray]:
+        """The examples in ``order`` as one batch, decoded now."""
+        rows = [self[int(i)] for i in order]
+        return {k: np.stack([r[k] for r in rows]) for k in ("images", "labels")}
+
     def take(self, order: np.ndarray) -> ImageFiles:
         return dataclasses.replace(
             self, paths=tuple(self.paths[i] for i in order), labels=self.labels[order]
@@ -111,6 +120,46 @@ class ImageFiles:
             paths=self.paths + (None,) * extra,
             labels=np.concatenate([self.labels, np.full(extra, -1, np.int32)]),
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochBatches:
+    """Batches of ``source`` epoch after epoch (a grain ``RandomAccessDataSource`` of batches).
+
+    Batch ``i`` is slot ``i % per_epoch`` of epoch ``i // per_epoch``: ``global_batch``
+    consecutive examples of that epoch's permutation (seeded by ``seed`` and the epoch; the
+    source's order when ``shuffle`` is false), of which this process takes its ``rows`` from
+    ``offset``. An epoch's remainder (fewer than ``global_batch`` examples) is left out.
+    ``epochs`` None is endless (training runs for train.steps). One gather per batch: reading
+    and stacking record by record cost ~17 ms per 512 CIFAR images on one core, under what a GPU
+    step consumes. The position is a batch index, so a run resumes exactly.
+    """
+
+    source: ImageSet | ImageFiles
+    global_batch: int
+    rows: int
+    offset: int = 0
+    seed: int = 0
+    shuffle: bool = True
+    epochs: int | None = None
+
+    def __len__(self) -> int:
+        per_epoch = len(self.source) // self.global_batch
+        return 2**62 if self.epochs is None else self.epochs * per_epoch
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        epoch, slot = divmod(int(index), len(self.source) // self.global_batch)
+        start = slot * self.global_batch + self.offset
+        return self.source.batch(self._order(epoch)[start : start + self.rows])
+
+    def _order(self, epoch: int) -> np.ndarray:
+        cache = self.__dict__.setdefault("_cache", {})  # per process: one epoch's permutation
+        if epoch not in cache:
+            n = len(self.source)
+            rng = np.random.default_rng((self.seed, epoch))
+            cache.clear()
+            cache[epoch] = rng.permutation(n) if self.shuffle else np.arange(n)
+        return cache[epoch]
 
 
 # ---------------------------------------------------------------------------------------------

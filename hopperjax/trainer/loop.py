@@ -365,8 +365,9 @@ def _loop(
     if start >= end:
         fx.writer.info(f"hopperjax: nothing to do, the run is at step {start} (end {end})")
     history: list[dict[str, Any]] = []
+    loop_start = time.perf_counter()  # eval records carry the seconds since (time to accuracy)
     if start == 0 and t.eval_at_start:
-        record = {"step": 0, **_evaluate(eval_step, state, parts)}
+        record = {"step": 0, **_evaluate(eval_step, state, parts), "elapsed_s": 0.0}
         fx.writer.write(record)
         history.append(record)
     window: list[dict[str, jax.Array]] = []
@@ -430,6 +431,9 @@ def _loop(
             window = []
         if done % t.eval_every == 0 or done == t.steps:
             record = {"step": done, **_evaluate(eval_step, state, parts)}
+            # Training, evals and saves so far in this process (compile excluded, and a resumed
+            # run counts from its restart).
+            record["elapsed_s"] = round(time.perf_counter() - loop_start, 3)
             fx.writer.write(record)
             history.append(record)
         stopping = done == end or preempted

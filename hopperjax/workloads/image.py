@@ -232,17 +232,31 @@ class ImageClassification(Workload):
                 f"larger than the {len(train)} training images of the data",
             )
         index, count = shard.index, shard.count
-        train_ds = grain.MapDataset.source(train)[index::count]
-        if config.data.shuffle:
-            train_ds = train_ds.shuffle(seed=config.seed)
-        train_ds = train_ds.repeat(None).batch(
-            shard.rows(train_cfg.batch_size), drop_remainder=True
+        rows = shard.rows(train_cfg.batch_size)
+        train_ds = grain.MapDataset.source(
+            image_data.EpochBatches(
+                train,
+                global_batch=rows * count,
+                rows=rows,
+                offset=index * rows,
+                seed=config.seed,
+                shuffle=config.data.shuffle,
+            )
         )
         # Folders list the held-out images class by class: a fixed permutation makes any prefix
         # (``train.eval_batches``) a fair sample of every class.
         held = held.take(np.random.default_rng(0).permutation(len(held)))
-        eval_ds = grain.MapDataset.source(held.padded(eval_batch))[index::count]
-        eval_ds = eval_ds.batch(shard.rows(eval_batch), drop_remainder=True)
+        eval_rows = shard.rows(eval_batch)
+        eval_ds = grain.MapDataset.source(
+            image_data.EpochBatches(
+                held.padded(eval_batch),
+                global_batch=eval_rows * count,
+                rows=eval_rows,
+                offset=index * eval_rows,
+                shuffle=False,
+                epochs=1,
+            )
+        )
         meta = ImageMeta(train.classes, len(train), len(held), train.skipped + held.skipped)
         return Datasets(train=train_ds, eval=eval_ds, meta=meta)
 
