@@ -6,6 +6,7 @@ import os
 import pickle
 import random
 import threading
+import time
 
 import jax
 import numpy as np
@@ -376,3 +377,56 @@ def test_device_prefetcher_shards_and_resumes(text_config):
     resumed = make_iterator(train, config.data)
     resumed.set_state(state)
     _assert_batches_equal(next(resumed), expected[3])
+
+
+class _EndlessRows:
+    """A grain-like iterator of tiny batches, forever."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.n += 1
+        return {"x": np.full((8, 2), self.n, np.int32)}
+
+    def get_state(self):
+        return {"n": self.n}
+
+
+def test_no_batch_is_copied_to_a_device_during_a_compiled_steps_first_run(monkeypatch):
+    """run_alone (the loop's first run of each compiled step: cuDNN captures a CUDA graph then)
+    holds off every prefetcher's copies, and they go on after it returns."""
+    from hopperjax.data import prefetch
+
+    copies: list[float] = []
+    real = prefetch.to_global_batch
+
+    def timed(*args, **kwargs):
+        copies.append(time.perf_counter())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prefetch, "to_global_batch", timed)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    prefetcher = prefetch.DevicePrefetcher(_EndlessRows(), sharding, depth=10_000)
+    window = {}
+
+    def step():
+        window["start"] = time.perf_counter()
+        time.sleep(0.3)
+        window["end"] = time.perf_counter()
+        return jax.numpy.zeros(())
+
+    try:
+        while len(copies) < 3:  # the producer is busy copying
+            time.sleep(0.01)
+        prefetch.run_alone(step)
+        time.sleep(0.1)
+    finally:
+        prefetcher.close()
+    assert not [t for t in copies if window["start"] < t < window["end"]]
+    assert any(t > window["end"] for t in copies)  # and resumed
+    assert sum(t < window["start"] for t in copies) >= 3

@@ -1,6 +1,8 @@
 """Image classification: the loaders of every format, on-device augmentation, BatchNorm over the
 global batch, the ResNets' FLOPs, exact eval accuracy and one-line errors for bad images."""
 
+import importlib.util
+import json
 import pickle
 import re
 
@@ -13,7 +15,7 @@ from PIL import Image
 
 import hopperjax
 from hopperjax.config import ConfigError, RematConfig
-from hopperjax.data import images
+from hopperjax.data import image_shards, images
 from hopperjax.data.errors import DataError
 from hopperjax.data.grain_io import ProcessShard
 from hopperjax.models import resnet
@@ -369,3 +371,85 @@ def test_one_step_batchnorm_on_eight_devices_remat_and_every_parameter_learning(
         jax.tree_util.keystr(p) for p, v in jax.tree_util.tree_leaves_with_path(moved) if v == 0
     ]
     assert not frozen, frozen
+
+
+def _folder_of(tmp_path, count=40):
+    """``count`` random train images and 12 test images in a folder tree, labels 0-3."""
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 256, (count + 12, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, 4, count + 12).astype(np.int32)
+    root = tmp_path / "folders"
+    for i in range(count + 12):
+        split = "train" if i < count else "test"
+        folder = root / split / images.CIFAR_CLASSES[labels[i]]
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels[i]).save(folder / f"{i:04d}.png")
+    return root
+
+
+def test_converted_shards_feed_the_same_batches_as_the_folder(tmp_path, capsys):
+    """tools/convert_images.py decodes once; training from the shards sees exactly the batches
+    (train and eval) that decoding the folder gives, and its bench reads them back."""
+    spec = importlib.util.spec_from_file_location(
+        "convert_images", REPO / "tools/convert_images.py"
+    )
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    convert = tool.main
+    root = _folder_of(tmp_path)
+    out = tmp_path / "shards"
+    rc = convert(["--source", "folder", "--path", str(root), "--out", str(out), "--shards", "3",
+                  "--bench", "--bench-workers", "0", "--bench-batches", "2",
+                  "--batch-size", "8"])  # fmt: skip
+    assert rc == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "train 40, test 12 images of 4 classes 32x32x3, 0 skipped" in lines[0]
+    rates = [json.loads(x) for x in lines[1:]]
+    assert {r["source"] for r in rates} == {"shards", "files", "memory"}
+    assert all(r["images_per_s"] > 0 for r in rates)
+    assert len(list(out.glob("train-*-of-00003.array_record"))) == 3
+
+    common = ["data.source=synthetic", "data.path=null", "train.batch_size=8",
+              "train.eval_batch_size=8"]  # fmt: skip
+    folder = build_components(
+        _image_config(tmp_path, *common, "data.source=folder", f"data.path={root}")
+    )
+    shards = build_components(
+        _image_config(tmp_path, *common, "data.source=shards", f"data.path={out}")
+    )
+    assert folder.datasets.meta == shards.datasets.meta
+    train_a, train_b = iter(folder.datasets.train), iter(shards.datasets.train)
+    for _ in range(7):  # past an epoch of 5 batches: the reshuffle matches too
+        a, b = next(train_a), next(train_b)
+        np.testing.assert_array_equal(a["images"], b["images"])
+        np.testing.assert_array_equal(a["labels"], b["labels"])
+    eval_a, eval_b = list(folder.datasets.eval), list(shards.datasets.eval)
+    assert len(eval_a) == len(eval_b) == 2  # 12 images in batches of 8: 4 padded rows
+    for a, b in zip(eval_a, eval_b, strict=True):
+        np.testing.assert_array_equal(a["images"], b["images"])
+        np.testing.assert_array_equal(a["labels"], b["labels"])
+
+
+@pytest.mark.parametrize(
+    ("setup", "overrides", "key", "message"),
+    [
+        ("empty", [], "data.path", r"no dataset\.json; not an image shard directory"),
+        ("shards", ["data.image_size=28", "data.crop_padding=2"], "data.image_size",
+         r"hold \(32, 32, 3\) images, expected \(28, 28, 3\)"),
+        ("shards", ["data.eval_split=valid"], "data.path", r"no split 'valid'"),
+        ("missing", [], "data.path", r"test-00000-of-00001\.array_record: missing"),
+    ],
+)  # fmt: skip
+def test_bad_shard_directories_are_one_line_errors(tmp_path, setup, overrides, key, message):
+    out = tmp_path / "shards"
+    out.mkdir()
+    if setup != "empty":
+        data = images.ImageSet(PIXELS, np.array([0, 1, 0, 1, 0, 1], np.int32), ("a", "b"))
+        image_shards.write_image_shards({"train": data, "test": data.take(np.arange(2))}, out,
+                                        num_shards=1)  # fmt: skip
+    if setup == "missing":
+        (out / "test-00000-of-00001.array_record").unlink()
+    config = _image_config(tmp_path, "data.source=shards", f"data.path={out}", *overrides)
+    with pytest.raises(ConfigError, match=message) as info:
+        build_components(config)
+    assert info.value.key == key and "\n" not in str(info.value)

@@ -25,6 +25,7 @@ import os
 import struct
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -135,7 +136,7 @@ class EpochBatches:
     step consumes. The position is a batch index, so a run resumes exactly.
     """
 
-    source: ImageSet | ImageFiles
+    source: Any  # ImageSet, ImageFiles or image_shards.ImageRecords: len() and batch(order)
     global_batch: int
     rows: int
     offset: int = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -18,6 +18,23 @@ import numpy as np
 from jax.sharding import Sharding
 
 _DONE = object()
+
+# cuDNN's first run of a compiled graph (XLA's fused attention on a GPU) captures a CUDA graph on
+# a private stream as a warm-up. Seen on an H200 (JAX 0.11.2, CUDA 13): that capture failed with
+# "capturing stream has unjoined work" in the training loop, where a prefetch thread copies
+# batches to the device, and not when the same step ran with no copies in flight. So every
+# prefetcher's copy is made, and finished, under this lock, and ``run_alone`` holds it over a
+# compiled step's first run.
+_TRANSFERS = threading.Lock()
+
+
+def run_alone(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, run to completion while no prefetcher copies anything to a device (for the
+    first run of a compiled step: see ``_TRANSFERS``)."""
+    with _TRANSFERS:
+        out = fn(*args)
+        jax.block_until_ready(out)
+    return out
 
 
 def to_global_batch(
@@ -77,9 +94,10 @@ class DevicePrefetcher:
         try:
             for local in self._iterator:
                 state = self._iterator.get_state()
-                if not self._put(
-                    (to_global_batch(local, self._sharding, blocks=self._blocks), state)
-                ):
+                with _TRANSFERS:
+                    batch = to_global_batch(local, self._sharding, blocks=self._blocks)
+                    jax.block_until_ready(batch)
+                if not self._put((batch, state)):
                     return
             self._put(_DONE)
         except Exception as e:  # Re-raised in the consumer's thread, where it can be handled.

@@ -26,7 +26,7 @@ from hopperjax import config as config_lib
 from hopperjax import files
 from hopperjax.checkpoint import Checkpointer, CheckpointError
 from hopperjax.config import Config, ConfigError
-from hopperjax.data import DevicePrefetcher, make_iterator, position_problem
+from hopperjax.data import DevicePrefetcher, make_iterator, position_problem, run_alone
 from hopperjax.memory import budget, host_heap
 from hopperjax.observe import MetricsWriter, read_metrics
 from hopperjax.observe.flops import Throughput
@@ -114,6 +114,10 @@ def _summarize(
     return record
 
 
+def _call(fn: Any, *args: Any) -> Any:
+    return fn(*args)
+
+
 def _evaluate(eval_step: Any, state: TrainState, parts: Components) -> dict[str, float]:
     """The workload's eval metrics over ``train.eval_batches`` batches (default: all)."""
     limit = parts.config.train.eval_batches
@@ -128,7 +132,8 @@ def _evaluate(eval_step: Any, state: TrainState, parts: Components) -> dict[str,
         for i, batch in enumerate(batches):
             if limit is not None and i >= limit:
                 break
-            outputs.append(eval_step(state, batch))
+            run = run_alone if i == 0 else _call  # a compiled step's first run: see run_alone
+            outputs.append(run(eval_step, state, batch))
     finally:
         batches.close()
     # One transfer for the whole evaluation, not one per batch.
@@ -375,8 +380,10 @@ def _loop(
     window_start = step_start = time.perf_counter()
     for step in range(start, end):
         fx.profiler.before_step(step)
+        batch = next(fx.batches)
         with step_annotation(step):
-            state, metrics = train_step(state, next(fx.batches))
+            run = run_alone if step == start else _call  # first run: see run_alone
+            state, metrics = run(train_step, state, batch)
         if t.sync_every_step:
             jax.block_until_ready(metrics)
             step_times.append(time.perf_counter() - step_start)

@@ -22,13 +22,14 @@ import optax
 
 from hopperjax import config as config_lib
 from hopperjax.config import Config, ConfigError, RematConfig
+from hopperjax.data import image_shards
 from hopperjax.data import images as image_data
 from hopperjax.data.errors import DataError
 from hopperjax.models import resnet
 from hopperjax.precision import Policy
 from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload
 
-SOURCES_WITH_PATH = ("folder", "cifar_binary", "cifar_python")
+SOURCES_WITH_PATH = ("folder", "cifar_binary", "cifar_python", "shards")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,11 +37,14 @@ class ImageData(config_lib.DataConfig):
     """The ``data:`` group of image classification.
 
     ``source``: ``folder`` (``path/<split>/<class>/*.jpg|png``), ``cifar_binary``
-    (``cifar-10-batches-bin``), ``cifar_python`` (``cifar-10-batches-py``) or ``synthetic``
+    (``cifar-10-batches-bin``), ``cifar_python`` (``cifar-10-batches-py``), ``shards`` (a
+    directory of ``tools/convert_images.py``: decoded pixels in ArrayRecord shards, read a batch
+    at a time, so never all in memory and never decoded again) or ``synthetic``
     (``synthetic_images`` generated training images of ``synthetic_classes`` classes, a quarter
     as many held out). ``image_size``: the side of every (square) image; a folder image of
     another size is a bad record. ``train_split`` / ``eval_split``: the folders of a folder
-    source. ``bad_records``: ``error`` (one line naming the file) or ``skip`` (counted).
+    source, the splits of a shard directory. ``bad_records``: ``error`` (one line naming the
+    file) or ``skip`` (counted).
     ``mean`` / ``std``: per-channel normalization of pixels scaled to [0, 1] (defaults: measured
     on the training images of ``../shared/data/cifar10``). ``crop_padding``: pixels of reflect
     padding before the random crop (0: no crop); ``flip``: random horizontal flips; ``cutout``:
@@ -56,7 +60,7 @@ class ImageData(config_lib.DataConfig):
     side the model sees (default ``image_size``; with ``crop`` it must be ``image_size``).
     """
 
-    source: Literal["folder", "cifar_binary", "cifar_python", "synthetic"] = "folder"
+    source: Literal["folder", "cifar_binary", "cifar_python", "shards", "synthetic"] = "folder"
     path: str | None = None
     image_size: int = 32
     train_split: str = "train"
@@ -170,7 +174,7 @@ class ImageClassification(Workload):
                 raise ConfigError("data.path", f"required when data.source is '{d.source}'")
             if not Path(d.path).is_dir():
                 raise ConfigError("data.path", f"not a directory: {d.path}")
-            if d.source != "folder" and d.image_size != image_data.CIFAR_SIDE:
+            if d.source.startswith("cifar") and d.image_size != image_data.CIFAR_SIDE:
                 raise ConfigError(
                     "data.image_size", f"CIFAR-10 images are 32x32, got {d.image_size}"
                 )
@@ -194,6 +198,17 @@ class ImageClassification(Workload):
                     image_data.synthetic(n, d.image_size, classes, seed),
                     image_data.synthetic(max(1, n // 4), d.image_size, classes, seed + 1),
                 )
+            if d.source == "shards":
+                train = image_shards.read_image_shards(d.path, d.train_split)
+                held = image_shards.read_image_shards(d.path, d.eval_split)
+                side = d.image_size
+                if train.shape != (side, side, 3):
+                    raise ConfigError(
+                        "data.image_size",
+                        f"the shards in {d.path} hold {train.shape} images, expected "
+                        f"({side}, {side}, 3)",
+                    )
+                return train, held
             if d.source == "folder":
                 read = dict(skip_bad=d.bad_records == "skip", resize=d.resize, preload=d.preload)
                 train = image_data.read_folder(d.path, d.train_split, d.image_size, **read)
