@@ -8,7 +8,8 @@ Each run is one ``hopperjax.train`` of the recipe (seed and precision set, the t
 evaluated every ``train.eval_every`` steps). Per run it records the final test accuracy, the first
 evaluation at or above ``--target`` (its step and seconds of training since the first step:
 evaluations and saves included, compile excluded), the compile time, the median step time and the
-whole call's wall time (loading, decoding and compiling included). Runs already in
+whole call's wall time (loading, decoding and compiling included), of which reading the data
+took ``data_s``. Runs already in
 ``OUT/results.json`` are kept, so the benchmark can run one seed at a time and resumes where it
 stopped (a run that did not finish starts again from scratch: its times must be one uninterrupted
 run). Writes ``table.md`` (mean +- std of the final accuracy per precision, then a row per run),
@@ -63,6 +64,7 @@ def run_one(config_path: str, overrides: list[str], seed: int, precision: str, o
         "target_s": reached["elapsed_s"] if reached else None,
         "train_s": evals[-1]["elapsed_s"],
         "compile_s": result.compile_s,
+        "data_s": result.data_s,
         "step_s": float(np.median(step_times)) if step_times else None,
         "wall_s": wall_s,
         "curve": [(r["step"], r["elapsed_s"], r["eval_accuracy"]) for r in evals],
@@ -83,8 +85,8 @@ def write_table(runs: list[dict], header: str, path: Path) -> str:
     lines += [
         "",
         "| run | final acc | best acc | target reached at (step, s) | train s | compile s | "
-        "s/step | wall s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "data s | s/step | wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
         at = (f"{r['target_step']}, {r['target_s']:.1f}" if r["target_step"] is not None
@@ -92,7 +94,8 @@ def write_table(runs: list[dict], header: str, path: Path) -> str:
         step = "–" if r["step_s"] is None else f"{r['step_s']:.4f}"
         lines.append(
             f"| {r['name']} | {r['accuracy']:.2%} | {r['best_accuracy']:.2%} | {at} | "
-            f"{r['train_s']:.1f} | {r['compile_s']:.1f} | {step} | {r['wall_s']:.1f} |"
+            f"{r['train_s']:.1f} | {r['compile_s']:.1f} | {r.get('data_s', 0):.1f} | {step} | "
+            f"{r['wall_s']:.1f} |"
         )
     text = "\n".join(lines) + "\n"
     path.write_text(text)

@@ -4,6 +4,9 @@
 (b) the full hopperjax loop (input pipeline, device prefetch, metrics at the default cadence;
     checkpoints only at the end, outside the timed windows),
 (c) the input pipeline alone (host batches, and host batches assembled on the devices),
+(d) the workload's on-device preprocessing alone (augmentation, normalization: the part of (a)
+    that a host pipeline such as DALI would otherwise do), and the bytes a batch moves from host
+    to device,
 
 and prints one JSON object. Targets: loop / bare <= 1.05 and pipeline >= 5x what the step consumes.
 
@@ -37,9 +40,11 @@ def _time_chunks(run_chunk, *, chunks: int) -> list[float]:
     return times
 
 
-def bare_step_seconds(config: hopperjax.Config, *, steps: int, chunk: int) -> float:
+def bare_step_seconds(
+    config: hopperjax.Config, *, steps: int, chunk: int
+) -> tuple[float, dict[str, float]]:
     """Median per-step time of the compiled step alone, batches resident on the devices, with
-    the loop's host heap setting (``train.host_heap_pad_mib``)."""
+    the loop's host heap setting (``train.host_heap_pad_mib``); and (d) on the same batches."""
     parts = build_components(config)
     state = parts.init_state()
     step = parts.lower_train_step().compile()
@@ -63,7 +68,22 @@ def bare_step_seconds(config: hopperjax.Config, *, steps: int, chunk: int) -> fl
 
     run_chunk()  # warm-up
     times = _time_chunks(run_chunk, chunks=max(1, steps // chunk))
-    return statistics.median(times) / chunk
+    return statistics.median(times) / chunk, preprocess_cost(parts, resident, steps=steps)
+
+
+def preprocess_cost(parts, batches: list, *, steps: int) -> dict[str, float]:
+    """(d): median seconds of the jitted ``workload.preprocess`` (train mode) on resident
+    batches, and the bytes of one batch as it travels from the host."""
+    fn = jax.jit(lambda batch, key: parts.workload.preprocess(batch, key, train=True))
+    key = jax.random.key(0)
+    jax.block_until_ready(fn(batches[0], key))
+    times = []
+    for i in range(max(3, steps // 4)):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(batches[i % len(batches)], key))
+        times.append(time.perf_counter() - start)
+    nbytes = sum(x.nbytes for x in jax.tree.leaves(batches[0]))
+    return {"preprocess_s": statistics.median(times), "batch_bytes_to_device": nbytes}
 
 
 def loop_step_seconds(config: hopperjax.Config, *, steps: int) -> float:
@@ -119,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = hopperjax.load_config(args.config, args.overrides)
 
-    bare = bare_step_seconds(config, steps=args.steps, chunk=args.chunk)
+    bare, preprocess = bare_step_seconds(config, steps=args.steps, chunk=args.chunk)
     loop = loop_step_seconds(config, steps=args.steps)
     pipeline = pipeline_batches_per_second(config, batches=args.pipeline_batches)
     consumed = 1.0 / bare
@@ -132,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         "step_batches_per_s": consumed,
         **pipeline,
         "pipeline_over_step": min(pipeline.values()) / consumed,
+        **preprocess,
+        "preprocess_share_of_step": preprocess["preprocess_s"] / bare,
     }
     report["ok"] = report["loop_over_bare"] <= 1.05 and report["pipeline_over_step"] >= 5.0
     print(json.dumps(report, indent=1))

@@ -140,6 +140,15 @@ PY
 else
   status+=("cifar skipped: no .data/cifar10.pack")
 fi
+# Does the ResNet-9 step wait for input? bench_loop on the recipe's shapes (50,000 generated
+# images in memory, as a decoded folder is): loop vs bare step, host pipeline batches/s vs steps/s,
+# the on-device augmentation's share of the step, and the bytes a batch moves to the device.
+IMAGE_BENCH=(data.source=synthetic data.path=null data.synthetic_images=50000 --steps 100)
+[[ -n "${SMOKE:-}" ]] && IMAGE_BENCH=(data.source=synthetic data.path=null model.width=8
+  data.synthetic_images=2048 train.log_every=5 train.batch_size=64 --steps 10 --chunk 5
+  --pipeline-batches 10)
+check bench_image 45 "$PY" tools/bench_loop.py --config configs/cifar10_resnet.yaml precision=bf16 \
+  "${IMAGE_BENCH[@]}"
 # cuDNN flash attention (attention: auto on a GPU): the gpu-marked tests (cuDNN equals XLA's
 # softmax, values and gradients) and both kernels timed at gpt_medium's attention shape.
 # (pytest and pytest-xdist are in the device image; the bench runs whatever the tests say.)
@@ -217,6 +226,15 @@ for p in ("bf16",):
         t = r["test"]
         print(f"| DTA Davis {p} | {r['train_s']:.0f} s train, test MSE {t['mse']:.3f}, "
               f"CI {t['ci']:.3f} |")
+bench = logs / "bench_image.log"
+text = bench.read_text() if bench.exists() else ""
+if "\n{" in text:
+    r = json.loads(text[text.index("\n{") + 1 : text.rindex("}") + 1])
+    print(f"| ResNet-9 input, bf16 | bare step {r['bare_step_s'] * 1e3:.1f} ms, loop/bare "
+          f"{r['loop_over_bare']:.2f}, host pipeline {r['host_batches_per_s']:.0f} batches/s "
+          f"({r['pipeline_over_step']:.1f}x the step's rate), augmentation "
+          f"{r['preprocess_share_of_step']:.1%} of the step, {r['batch_bytes_to_device'] / 2**20:.2f} "
+          f"MiB to the device per batch |")
 cifar = out / "cifar10.json"
 if cifar.exists():
     for r in json.loads(cifar.read_text()):
@@ -224,7 +242,8 @@ if cifar.exists():
               else "94 % not reached")
         print(f"| CIFAR-10 ResNet-9 {r['precision']} seed {r['seed']} | test accuracy "
               f"{r['accuracy']:.2%}; {at}; {r['train_s']:.1f} s training ({r['step_s'] * 1e3:.1f} "
-              f"ms/step), {r['compile_s']:.0f} s compile, {r['wall_s']:.0f} s wall |")
+              f"ms/step), {r['compile_s']:.0f} s compile, {r.get('data_s', 0):.0f} s reading "
+              f"data, {r['wall_s']:.0f} s wall |")
 for p in ("bf16", "fp8"):
     wide = pathlib.Path(f"/tmp/wide_{p}/metrics.jsonl")
     rows = [json.loads(x) for x in wide.read_text().splitlines() if '"mfu"' in x][1:] if wide.exists() else []

@@ -57,12 +57,14 @@ class TrainResult:
       run_dir: where config, metrics and checkpoints were written.
       history: the records this invocation logged (train and eval), as in ``metrics.jsonl``.
       compile_s: seconds spent compiling the train and eval steps.
+      data_s: seconds spent building the run's parts: reading (and decoding) the data, mostly.
     """
 
     state: TrainState
     run_dir: Path
     history: list[dict[str, Any]]
     compile_s: float = 0.0
+    data_s: float = 0.0
 
 
 class _PreemptionFlag:
@@ -208,7 +210,9 @@ def _train(
     primary: bool,
 ) -> TrainResult:
     t = config.train
-    parts = build_components(config, devices=devices)
+    build_start = time.perf_counter()
+    parts = build_components(config, devices=devices)  # reads (and decodes) the data
+    build_s = time.perf_counter() - build_start
 
     def warn(message: str) -> None:
         if primary:
@@ -270,7 +274,7 @@ def _train(
         num_params = sum(x.size for x in jax.tree.leaves(parts.abstract_state.params))
         writer.info(
             f"hopperjax: {num_params:,} params | mesh {dict(parts.mesh.shape)} | "
-            f"{config.precision} | compiled in {compile_s:.1f}s | "
+            f"{config.precision} | data read in {build_s:.1f}s | compiled in {compile_s:.1f}s | "
             f"peak {throughput.peak_tflops_per_device:.3g} TFLOP/s/device "
             f"({parts.peak_source}) | "
             + (f"resumed at step {start}" if start else "fresh start")
@@ -304,7 +308,9 @@ def _train(
         with _closing(*closables):
             state, history = _loop(state, start, parts, train_step, eval_step, throughput, effects)
         checkpointer.wait()
-    return TrainResult(state=state, run_dir=run_dir, history=history, compile_s=compile_s)
+    return TrainResult(
+        state=state, run_dir=run_dir, history=history, compile_s=compile_s, data_s=build_s
+    )
 
 
 def _check_fits(train_step: Any, device: jax.Device) -> None:
