@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.94)
     parser.add_argument("--out", default="runs/cifar10_benchmark")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     overrides = ([f"data.path={args.data}"] if args.data else []) + args.overrides

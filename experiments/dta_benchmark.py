@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folds", default="0,1,2,3,4")
     parser.add_argument("--out", default="runs/dta_benchmark")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     overrides = [f"data.path={args.data}", *args.overrides]

@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--out", default="runs/nanogpt_parity")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     overrides = [f"data.path={args.data}", *args.overrides]

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     parser.add_argument("--policies", default="fp32,bf16,fp16,fp8")
     parser.add_argument("--out", default="runs/precision_compare")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [run_policy(args.config, args.overrides, p, out) for p in args.policies.split(",")]

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", default="none,dots_no_batch,dots,save_names,offload,full")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", default="runs/remat_tradeoff")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []

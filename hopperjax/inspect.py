@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None, *, out: Callable[[str], None] = print) -
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     parser.add_argument("--hlo", metavar="PATH", help="also write the optimized HLO text here")
     parser.add_argument("--format", choices=("json", "table"), default="json")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         report = inspect_config(load_config(args.config, args.overrides), hlo_path=args.hlo)
     except ConfigError as e:

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="key=value",
         help="dotted overrides, e.g. train.steps=200 mesh.data=8 precision=bf16",
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as e:

@@ -75,10 +75,26 @@ def test_bench_loop_figures_see_injected_step_and_input_delays(capsys, monkeypat
     # window are read before its clock starts (one queued, one held by the reading thread).
     args = [str(REPO / "configs" / "quickstart.yaml"), *TINY, "train.log_every=5",
             "data.device_prefetch=1"]  # fmt: skip
-    assert bench_loop.main(["--config", *args, "--steps", "10", "--chunk", "5",
-                            "--pipeline-batches", "10"]) == 0  # fmt: skip
+    assert (
+        bench_loop.main(
+            [
+                "--config",
+                *args[:-1],
+                "--steps",
+                "10",
+                "--chunk",
+                "5",
+                args[-1],
+                "--pipeline-batches",
+                "10",
+            ]
+        )
+        == 0
+    )  # fmt: skip (overrides anywhere)
     report = json.loads(capsys.readouterr().out)
     assert report["devices"] == 8
+    # (d) the GPT's preprocessing is the identity; its batch is two int32 [16, 32] arrays.
+    assert report["preprocess_s"] >= 0 and report["batch_bytes_to_device"] == 2 * 4 * 16 * 32
     # (a) the bare step: batches already on the device, so the input delay is not in it.
     assert STEP_DELAY_S <= report["bare_step_s"] < STEP_DELAY_S + INPUT_DELAY_S
     # (b) the loop reads every batch through the slow pipeline: each 5-step window waits for at

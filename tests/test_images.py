@@ -414,20 +414,22 @@ def test_converted_shards_feed_the_same_batches_as_the_folder(tmp_path, capsys):
     folder = build_components(
         _image_config(tmp_path, *common, "data.source=folder", f"data.path={root}")
     )
-    shards = build_components(
-        _image_config(tmp_path, *common, "data.source=shards", f"data.path={out}")
-    )
-    assert folder.datasets.meta == shards.datasets.meta
-    train_a, train_b = iter(folder.datasets.train), iter(shards.datasets.train)
-    for _ in range(7):  # past an epoch of 5 batches: the reshuffle matches too
-        a, b = next(train_a), next(train_b)
-        np.testing.assert_array_equal(a["images"], b["images"])
-        np.testing.assert_array_equal(a["labels"], b["labels"])
-    eval_a, eval_b = list(folder.datasets.eval), list(shards.datasets.eval)
-    assert len(eval_a) == len(eval_b) == 2  # 12 images in batches of 8: 4 padded rows
-    for a, b in zip(eval_a, eval_b, strict=True):
-        np.testing.assert_array_equal(a["images"], b["images"])
-        np.testing.assert_array_equal(a["labels"], b["labels"])
+    for preload in ("true", "false"):  # shards read into memory, or a batch at a time
+        shards = build_components(
+            _image_config(tmp_path, *common, "data.source=shards", f"data.path={out}",
+                          f"data.preload={preload}")
+        )  # fmt: skip
+        assert folder.datasets.meta == shards.datasets.meta
+        train_a, train_b = iter(folder.datasets.train), iter(shards.datasets.train)
+        for _ in range(7):  # past an epoch of 5 batches: the reshuffle matches too
+            a, b = next(train_a), next(train_b)
+            np.testing.assert_array_equal(a["images"], b["images"])
+            np.testing.assert_array_equal(a["labels"], b["labels"])
+        eval_a, eval_b = list(folder.datasets.eval), list(shards.datasets.eval)
+        assert len(eval_a) == len(eval_b) == 2  # 12 images in batches of 8: 4 padded rows
+        for a, b in zip(eval_a, eval_b, strict=True):
+            np.testing.assert_array_equal(a["images"], b["images"])
+            np.testing.assert_array_equal(a["labels"], b["labels"])
 
 
 @pytest.mark.parametrize(

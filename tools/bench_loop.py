@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60, help="timed steps for (a) and (b)")
     parser.add_argument("--chunk", type=int, default=10, help="steps per timed chunk in (a)")
     parser.add_argument("--pipeline-batches", type=int, default=200)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     config = hopperjax.load_config(args.config, args.overrides)
 
     bare, preprocess = bare_step_seconds(config, steps=args.steps, chunk=args.chunk)

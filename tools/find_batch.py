@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also time this many steps at each row's batch (needs the device)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write every probe as JSON")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
 
     try:
         config = load_config(args.config, args.overrides)

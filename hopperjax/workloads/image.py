@@ -53,8 +53,9 @@ class ImageData(config_lib.DataConfig):
     ``label_smoothing``: of the cross-entropy targets (training loss only).
     ``resize``: folder images of any shape are scaled (shorter side to ``image_size``) and
     centre-cropped square on the host. ``preload``: decode every image when the run starts (in
-    threads); false decodes each image when the pipeline reads it, in ``workers`` processes, for
-    image sets larger than host memory. ``augment``: ``crop`` (the padded random crop above) or
+    threads), or read every record of a shard directory into memory; false decodes each image
+    (reads each record) when the pipeline reads it, in ``workers`` processes, for image sets
+    larger than host memory. ``augment``: ``crop`` (the padded random crop above) or
     ``resized_crop`` (Inception-style: a random box of 8-100 % of the area and aspect 3/4-4/3,
     resized to ``crop_size``; eval takes the centre ``crop_size`` square). ``crop_size``: the
     side the model sees (default ``image_size``; with ``crop`` it must be ``image_size``).
@@ -160,8 +161,8 @@ class ImageClassification(Workload):
                     f"and = it with data.augment=crop; got {d.crop_size}",
                 )
         if not d.preload:
-            if d.source != "folder":
-                raise ConfigError("data.preload", "false needs data.source=folder")
+            if d.source not in ("folder", "shards"):
+                raise ConfigError("data.preload", "false needs data.source=folder or shards")
             if d.bad_records == "skip":
                 raise ConfigError(
                     "data.bad_records",
@@ -208,7 +209,7 @@ class ImageClassification(Workload):
                         f"the shards in {d.path} hold {train.shape} images, expected "
                         f"({side}, {side}, 3)",
                     )
-                return train, held
+                return (train.load(), held.load()) if d.preload else (train, held)
             if d.source == "folder":
                 read = dict(skip_bad=d.bad_records == "skip", resize=d.resize, preload=d.preload)
                 train = image_data.read_folder(d.path, d.train_split, d.image_size, **read)
