@@ -45,6 +45,8 @@ def test_eight_devices_match_one_device(tiny_config, tmp_path):
 
 def test_resume_is_exact(tiny_config, tmp_path):
     straight = hopperjax.train(tiny_config(f"run_dir={tmp_path / 'a'}"), console=False)
+    # Profiling is off: no record says it was traced (default profile.start_step 10 is in range).
+    assert not any(r.get("profiled") for r in straight.history)
     resumed_dir = tmp_path / "b"
     first = hopperjax.train(
         tiny_config("train.stop_after=10", f"run_dir={resumed_dir}"),

@@ -434,7 +434,7 @@ def _loop(
                 record["step_times_s"] = step_times
                 step_times = []
             in_window = range(step - len(window) + 1, step + 1)
-            if fx.profiler.active or fx.profiler.last_step in in_window:
+            if fx.profiler.active or (fx.profiler.enabled and fx.profiler.last_step in in_window):
                 record["profiled"] = 1  # Tracing overhead is inside this window's step time.
             if fx.monitor is not None:
                 record.update(fx.monitor.snapshot())
