@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: discarding an unfinished run", flush=True)
             shutil.rmtree(out / name)
         r = done[name] = run_one(args.config, overrides, seed, precision, out, args.target)
-        at = f"step {r['target_step']} ({r['target_s']:.1f} s)" if r["target_step"] else "never"
+        at = (f"step {r['target_step']} ({r['target_s']:.1f} s)" if r["target_step"] is not None
+              else "never")  # fmt: skip
         print(f"{name}: test accuracy {r['accuracy']:.2%} (best {r['best_accuracy']:.2%}); "
               f"{args.target:.0%} at {at}; {r['train_s']:.1f} s training, "
               f"{r['compile_s']:.1f} s compile, {r['wall_s']:.1f} s wall", flush=True)  # fmt: skip

@@ -75,22 +75,9 @@ def test_bench_loop_figures_see_injected_step_and_input_delays(capsys, monkeypat
     # window are read before its clock starts (one queued, one held by the reading thread).
     args = [str(REPO / "configs" / "quickstart.yaml"), *TINY, "train.log_every=5",
             "data.device_prefetch=1"]  # fmt: skip
-    assert (
-        bench_loop.main(
-            [
-                "--config",
-                *args[:-1],
-                "--steps",
-                "10",
-                "--chunk",
-                "5",
-                args[-1],
-                "--pipeline-batches",
-                "10",
-            ]
-        )
-        == 0
-    )  # fmt: skip (overrides anywhere)
+    # Overrides may follow flags: the last one comes after --chunk.
+    argv = ["--config", *args[:-1], "--steps", "10", "--chunk", "5", args[-1]]
+    assert bench_loop.main([*argv, "--pipeline-batches", "10"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["devices"] == 8
     # (d) the GPT's preprocessing is the identity; its batch is two int32 [16, 32] arrays.

@@ -421,7 +421,9 @@ def test_no_batch_is_copied_to_a_device_during_a_compiled_steps_first_run(monkey
         return jax.numpy.zeros(())
 
     try:
+        deadline = time.monotonic() + 60
         while len(copies) < 3:  # the producer is busy copying
+            assert time.monotonic() < deadline, "the prefetcher never copied a batch"
             time.sleep(0.01)
         prefetch.run_alone(step)
         time.sleep(0.1)

@@ -1,11 +1,13 @@
 """Image classification: the loaders of every format, on-device augmentation, BatchNorm over the
 global batch, the ResNets' FLOPs, exact eval accuracy and one-line errors for bad images."""
 
+import dataclasses
 import importlib.util
 import json
 import pickle
 import re
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -440,6 +442,7 @@ def test_converted_shards_feed_the_same_batches_as_the_folder(tmp_path, capsys):
          r"hold \(32, 32, 3\) images, expected \(28, 28, 3\)"),
         ("shards", ["data.eval_split=valid"], "data.path", r"no split 'valid'"),
         ("missing", [], "data.path", r"test-00000-of-00001\.array_record: missing"),
+        ("truncated", [], "data.path", r"shards: cannot open its 'test' shards"),
     ],
 )  # fmt: skip
 def test_bad_shard_directories_are_one_line_errors(tmp_path, setup, overrides, key, message):
@@ -451,7 +454,39 @@ def test_bad_shard_directories_are_one_line_errors(tmp_path, setup, overrides, k
                                         num_shards=1)  # fmt: skip
     if setup == "missing":
         (out / "test-00000-of-00001.array_record").unlink()
+    if setup == "truncated":
+        (out / "test-00000-of-00001.array_record").write_bytes(b"\0" * 100)
     config = _image_config(tmp_path, "data.source=shards", f"data.path={out}", *overrides)
     with pytest.raises(ConfigError, match=message) as info:
         build_components(config)
     assert info.value.key == key and "\n" not in str(info.value)
+
+
+def test_shard_reads_of_padding_alone_and_batches_too_large_for_the_data(tmp_path):
+    """A process's share of the last eval batch can be padding only (no record read); a batch
+    larger than the data, or rows outside it, is refused up front."""
+    data = images.ImageSet(PIXELS, LABELS, images.CIFAR_CLASSES)
+    image_shards.write_image_shards({"train": data}, tmp_path, num_shards=2)
+    records = image_shards.read_image_shards(tmp_path, "train").padded(8)
+    tail = records.batch(np.array([6, 7]))
+    assert (tail["labels"] == -1).all() and not tail["images"].any()
+    np.testing.assert_array_equal(records.batch(np.arange(6))["images"], PIXELS)
+    with pytest.raises(ValueError, match="a batch of 16 needs at least that many examples"):
+        images.EpochBatches(data, global_batch=16, rows=16)
+    with pytest.raises(ValueError, match=r"rows \[4, 8\) are not inside a batch of 6"):
+        images.EpochBatches(data, global_batch=6, rows=4, offset=4)
+
+
+def test_torch_init_starts_kernels_at_pytorchs_scale():
+    """model.init=torch: PyTorch's Conv2d/Linear default, variance 1 / (3 fan-in); he: variance
+    2 / fan-out for convolutions."""
+    model_config = resnet.ResNetConfig(arch="resnet9", width=16)
+    stds = {}
+    for init in ("he", "torch"):
+        config = dataclasses.replace(model_config, init=init)
+        model = resnet.ResNet(config, hopperjax.get_policy("fp32"), RematConfig())
+        params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))["params"]
+        kernel = nn.unbox(params["stage1"]["conv"]["kernel"])  # 3x3, 32 -> 64 channels
+        stds[init] = float(jnp.std(kernel))
+    assert stds["he"] == pytest.approx((2 / (9 * 64)) ** 0.5, rel=0.05)
+    assert stds["torch"] == pytest.approx((1 / (3 * 9 * 32)) ** 0.5, rel=0.05)

@@ -47,6 +47,10 @@ def test_resume_is_exact(tiny_config, tmp_path):
     straight = hopperjax.train(tiny_config(f"run_dir={tmp_path / 'a'}"), console=False)
     # Profiling is off: no record says it was traced (default profile.start_step 10 is in range).
     assert not any(r.get("profiled") for r in straight.history)
+    # Evals say when they ran (seconds of training since the first step: time to accuracy).
+    elapsed = [r["elapsed_s"] for r in straight.history if "eval_loss" in r]
+    assert len(elapsed) == 2 and 0 < elapsed[0] < elapsed[1]
+    assert straight.data_s > 0 and straight.compile_s > 0
     resumed_dir = tmp_path / "b"
     first = hopperjax.train(
         tiny_config("train.stop_after=10", f"run_dir={resumed_dir}"),

@@ -266,8 +266,8 @@ for cifar, label in ((out / "cifar10.json", ""), (out / "cifar10_other_init.json
     if not cifar.exists():
         continue
     for r in json.loads(cifar.read_text()):
-        at = (f"94 % at step {r['target_step']}, {r['target_s']:.1f} s" if r["target_step"]
-              else "94 % not reached")
+        at = (f"94 % at step {r['target_step']}, {r['target_s']:.1f} s"
+              if r["target_step"] is not None else "94 % not reached")
         print(f"| CIFAR-10 ResNet-9 {r['precision']} seed {r['seed']}{label} | test accuracy "
               f"{r['accuracy']:.2%}; {at}; {r['train_s']:.1f} s training ({r['step_s'] * 1e3:.1f} "
               f"ms/step), {r['compile_s']:.0f} s compile, {r.get('data_s', 0):.0f} s reading "

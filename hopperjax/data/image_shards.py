@@ -11,6 +11,7 @@ last (atomically), so an interrupted conversion never reads as a dataset.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from hopperjax import files
-from hopperjax.data.errors import DataError
+from hopperjax.data.errors import DataError, one_line
 from hopperjax.data.images import ImageSet
 
 META_NAME = "dataset.json"
@@ -40,10 +41,14 @@ def encode(image: np.ndarray, label: int) -> bytes:
 
 
 def decode(record: bytes) -> tuple[np.ndarray, int]:
-    """One record -> (uint8 image [H, W, C], label)."""
-    if record[:4] != _MAGIC:
+    """One record -> (uint8 image [H, W, C], label). Raises DataError for a damaged record."""
+    if record[:4] != _MAGIC or len(record) < _HEADER.size:
         raise DataError(f"not a hopperjax image record (starts with {record[:4]!r})")
     _, height, width, channels, label = _HEADER.unpack_from(record)
+    if len(record) != _HEADER.size + height * width * channels:
+        raise DataError(
+            f"a damaged image record: {len(record)} bytes for a {height}x{width}x{channels} image"
+        )
     pixels = np.frombuffer(record, np.uint8, height * width * channels, _HEADER.size)
     return pixels.reshape(height, width, channels), label
 
@@ -69,9 +74,16 @@ def write_image_shards(
         raise ValueError(f"the splits hold images of different shapes: {sorted(shapes)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # Only this set's own files are ever removed: the splits written now and those an earlier
+    # conversion's dataset.json names (another tool's shards in the directory stay).
+    ours = set(splits)
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # none, or unreadable
+        ours |= set(json.loads((out / META_NAME).read_text())["splits"])
     (out / META_NAME).unlink(missing_ok=True)
     for stale in out.glob(".*.tmp"):  # left by a killed conversion
-        stale.unlink()
+        match = _SHARD.fullmatch(stale.name[1:-4])
+        if match and match.group(1) in ours:
+            stale.unlink()
     files.fsync_directory(out)  # the set reads as incomplete from here on
     written: set[Path] = set()
     meta_splits = {}
@@ -96,7 +108,8 @@ def write_image_shards(
             written.add(path)
         meta_splits[name] = {"images": len(images), "shards": n, "skipped": images.skipped}
     for old in out.iterdir():
-        if _SHARD.fullmatch(old.name) and old not in written:
+        match = _SHARD.fullmatch(old.name)
+        if match and match.group(1) in ours and old not in written:
             old.unlink()
     files.fsync_directory(out)
     meta = {
@@ -146,13 +159,21 @@ class ImageRecords:
         images = np.zeros((len(ids), *self.shape), np.uint8)
         labels = np.full(len(ids), -1, np.int32)
         real = np.flatnonzero(ids >= 0)
-        records = self._records()
-        for row, record in zip(real, records.__getitems__(ids[real].tolist()), strict=True):
-            image, labels[row] = decode(record)
+        if not real.size:  # a process's share of the last eval batch can be all padding
+            return {"images": images, "labels": labels}
+        where = Path(self.paths[0]).parent
+        try:
+            read = self._records().__getitems__(ids[real].tolist())
+        except (RuntimeError, ValueError, OSError) as e:  # ArrayRecord's errors on bad files
+            raise DataError(f"{where}: cannot read its shards ({one_line(e)})") from None
+        for row, record in zip(real, read, strict=True):
+            try:
+                image, labels[row] = decode(record)
+            except DataError as e:
+                raise DataError(f"{where}: {e}") from None
             if image.shape != self.shape:
                 raise DataError(
-                    f"{Path(self.paths[0]).parent}: a record holds a {image.shape} image, "
-                    f"{META_NAME} says {self.shape}"
+                    f"{where}: a record holds a {image.shape} image, {META_NAME} says {self.shape}"
                 )
             images[row] = image
         return {"images": images, "labels": labels}
@@ -208,7 +229,10 @@ def read_image_shards(directory: str | Path, split: str) -> ImageRecords:
         if not Path(path).is_file():
             raise DataError(f"{path}: missing ({n} shards of {split!r} listed in {meta_path})")
     records = ImageRecords(paths, np.arange(count), classes, shape, skipped)  # type: ignore[arg-type]
-    held = len(records._records())
+    try:
+        held = len(records._records())
+    except (RuntimeError, ValueError, OSError) as e:  # a truncated or foreign shard
+        raise DataError(f"{root}: cannot open its {split!r} shards ({one_line(e)})") from None
     if held != count:
         raise DataError(
             f"{root}: the {split!r} shards hold {held} images, {META_NAME} says {count}"

@@ -144,6 +144,20 @@ class EpochBatches:
     shuffle: bool = True
     epochs: int | None = None
 
+    def __post_init__(self) -> None:
+        if not 0 < self.global_batch <= len(self.source):
+            raise ValueError(
+                f"a batch of {self.global_batch} needs at least that many examples, got "
+                f"{len(self.source)}"
+            )
+        if not (
+            self.offset >= 0 and self.rows > 0 and self.offset + self.rows <= self.global_batch
+        ):
+            raise ValueError(
+                f"rows [{self.offset}, {self.offset + self.rows}) are not inside a batch of "
+                f"{self.global_batch}"
+            )
+
     def __len__(self) -> int:
         per_epoch = len(self.source) // self.global_batch
         return 2**62 if self.epochs is None else self.epochs * per_epoch
@@ -154,13 +168,22 @@ class EpochBatches:
         return self.source.batch(self._order(epoch)[start : start + self.rows])
 
     def _order(self, epoch: int) -> np.ndarray:
-        cache = self.__dict__.setdefault("_cache", {})  # per process: one epoch's permutation
-        if epoch not in cache:
-            n = len(self.source)
-            rng = np.random.default_rng((self.seed, epoch))
-            cache.clear()
-            cache[epoch] = rng.permutation(n) if self.shuffle else np.arange(n)
-        return cache[epoch]
+        # One epoch's permutation kept per process; grain reads from several threads, so the
+        # cache is replaced in one assignment and the order returned from a local.
+        cached = self.__dict__.get("_cache")
+        if cached is not None and cached[0] == epoch:
+            return cached[1]
+        n = len(self.source)
+        rng = np.random.default_rng((self.seed, epoch))
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        self.__dict__["_cache"] = (epoch, order)
+        return order
+
+    def __getstate__(self) -> dict[str, Any]:  # worker processes compute their own
+        return {k: v for k, v in self.__dict__.items() if k != "_cache"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
 
 # ---------------------------------------------------------------------------------------------

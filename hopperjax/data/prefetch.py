@@ -24,7 +24,10 @@ _DONE = object()
 # "capturing stream has unjoined work" in the training loop, where a prefetch thread copies
 # batches to the device, and not when the same step ran with no copies in flight. So every
 # prefetcher's copy is made, and finished, under this lock, and ``run_alone`` holds it over a
-# compiled step's first run.
+# compiled step's first run. Known compromise: one lock for the process (module state), since
+# the copies it must exclude come from every prefetcher at once (train and eval); other device
+# work on other threads (checkpoint copies, the monitor) is not covered, and the GPU check will
+# say whether it needs to be.
 _TRANSFERS = threading.Lock()
 
 

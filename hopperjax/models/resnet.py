@@ -50,13 +50,13 @@ class ResNetConfig(config_lib.ModelConfig):
     first stage (64 in the papers; every stage scales with it). ``stem``: ``cifar`` or
     ``imagenet`` (ResNet-18/34/50). ``num_classes``: classifier outputs. ``bn_momentum`` /
     ``bn_eps``: BatchNorm running-average decay and epsilon. ``logit_scale``: multiplies the
-    logits (ResNet-9's recipe uses 0.125). ``init``: the convolution and classifier kernels'
-    initializer, ``he`` (normal, variance 2 / fan-out: He et al. 2015, torchvision's ResNets) or
-    ``torch`` (PyTorch's layer default, uniform with variance 1 / (3 fan-in), ~2.4x smaller in
-    std for a square 3x3 layer). Behind BatchNorm the scale sets no activation, but it sets the
-    effective learning rate (a weight's update relative to its norm): with weight decay a
-    recipe tuned in PyTorch with its default initializer (ResNet-9's) trains differently from
-    the He start.
+    logits (ResNet-9's recipe uses 0.125). ``init``: the kernels' initializer, ``he``
+    (convolutions normal with variance 2 / fan-out, He et al. 2015 and torchvision's ResNets;
+    the classifier LeCun normal) or ``torch`` (PyTorch's layer default for both, uniform with
+    variance 1 / (3 fan-in), ~2.4x smaller in std for a square 3x3 layer). Behind BatchNorm
+    the scale sets no activation, but it sets the effective learning rate (a weight's update
+    relative to its norm): with weight decay a recipe tuned in PyTorch with its default
+    initializer (ResNet-9's) trains differently from the He start.
     """
 
     arch: Literal["resnet9", "resnet18", "resnet34", "resnet50"] = "resnet18"

@@ -274,7 +274,8 @@ def _train(
         num_params = sum(x.size for x in jax.tree.leaves(parts.abstract_state.params))
         writer.info(
             f"hopperjax: {num_params:,} params | mesh {dict(parts.mesh.shape)} | "
-            f"{config.precision} | data read in {build_s:.1f}s | compiled in {compile_s:.1f}s | "
+            f"{config.precision} | set up in {build_s:.1f}s (data read) | "
+            f"compiled in {compile_s:.1f}s | "
             f"peak {throughput.peak_tflops_per_device:.3g} TFLOP/s/device "
             f"({parts.peak_source}) | "
             + (f"resumed at step {start}" if start else "fresh start")

@@ -38,8 +38,9 @@ class ImageData(config_lib.DataConfig):
 
     ``source``: ``folder`` (``path/<split>/<class>/*.jpg|png``), ``cifar_binary``
     (``cifar-10-batches-bin``), ``cifar_python`` (``cifar-10-batches-py``), ``shards`` (a
-    directory of ``tools/convert_images.py``: decoded pixels in ArrayRecord shards, read a batch
-    at a time, so never all in memory and never decoded again) or ``synthetic``
+    directory of ``tools/convert_images.py``: decoded pixels in ArrayRecord shards, never
+    decoded again; read into memory at start, or a batch at a time with ``preload: false``) or
+    ``synthetic``
     (``synthetic_images`` generated training images of ``synthetic_classes`` classes, a quarter
     as many held out). ``image_size``: the side of every (square) image; a folder image of
     another size is a bad record. ``train_split`` / ``eval_split``: the folders of a folder
@@ -189,7 +190,8 @@ class ImageClassification(Workload):
         return resnet.ResNet(config=self.config.model, policy=policy, remat=remat)
 
     def _read(self) -> tuple[Any, Any]:
-        """(train, held-out): ``ImageSet``s, or ``ImageFiles`` when ``data.preload`` is false."""
+        """(train, held-out): ``ImageSet``s, or with ``data.preload`` false ``ImageFiles``
+        (folders) or ``image_shards.ImageRecords`` (shards)."""
         d = self.config.data
         try:
             if d.source == "synthetic":
