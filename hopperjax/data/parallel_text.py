@@ -1,0 +1,298 @@
+"""Parallel text for translation: aligned sentence pairs, a joint SentencePiece vocabulary, and
+packed rows of token ids.
+
+Sources (one split at a time, ``read_pairs(directory, split, source_lang, target_lang)``):
+
+- two aligned files ``<split>.<source_lang>`` and ``<split>.<target_lang>``, plain or ``.gz``,
+  line i of one translating line i of the other (Multi30k's layout: ``train.en.gz``,
+  ``train.de.gz``);
+- one file ``<split>.tsv`` (or ``.tsv.gz``): ``source<TAB>target`` per line.
+
+A bad record is a one-line ``DataError`` naming the file and line: bytes that are not UTF-8, an
+empty sentence, a TSV line without exactly two fields; a split whose two files differ in line
+count names both files and counts. ``bad_records="skip"`` counts and leaves out the pairs with
+an empty side (an alignment or encoding error always stops: it means the files are wrong).
+
+Tokenizer: SentencePiece (unigram or BPE) trained on the training split's source and target
+sentences together, one vocabulary for both sides (what lets a model tie its embeddings), with
+T5's special ids: 0 padding, 1 end of sentence, 2 unknown, no beginning-of-sentence token.
+
+Packing (``pack``): examples go first-fit into rows of ``source_len`` and ``target_len``
+tokens, each with segment ids (1, 2, ... per example in the row, 0 for padding) and positions
+that restart at every example, so a model that masks attention by segment never lets examples
+see each other; every row has one shape, so a step compiles once. The padding left over is
+reported (``Packed.padding``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hopperjax import files
+from hopperjax.data.errors import DataError, one_line
+
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Pairs:
+    """One split's aligned sentences; ``skipped``: pairs left out under ``bad_records=skip``."""
+
+    sources: list[str]
+    targets: list[str]
+    skipped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+
+def _find(directory: Path, stem: str) -> Path | None:
+    for name in (stem, f"{stem}.gz"):
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def _lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file (``.gz`` read through gzip), without line endings."""
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise DataError(f"{path}: cannot read ({one_line(e)})") from None
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    if not lines:
+        raise DataError(f"{path}: empty")
+    out = []
+    for number, line in enumerate(lines, 1):
+        try:
+            out.append(line.decode("utf-8").rstrip("\r"))
+        except UnicodeDecodeError as e:
+            raise DataError(
+                f"{path}:{number}: not UTF-8 text ({e.reason} at byte {e.start})"
+            ) from None
+    return out
+
+
+def read_pairs(
+    directory: str | Path, split: str, source_lang: str, target_lang: str, *,
+    bad_records: str = "error",
+) -> Pairs:  # fmt: skip
+    """Split ``split`` of a parallel-text directory (see the module docstring)."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise DataError(f"{root}: not a directory")
+    src, tgt = _find(root, f"{split}.{source_lang}"), _find(root, f"{split}.{target_lang}")
+    tsv = _find(root, f"{split}.tsv")
+    if src is not None and tgt is not None:
+        sources, targets = _lines(src), _lines(tgt)
+        if len(sources) != len(targets):
+            raise DataError(
+                f"{src}: {len(sources):,} lines, {tgt}: {len(targets):,} lines; line i of one "
+                "must translate line i of the other"
+            )
+        where = [(src, tgt, i) for i in range(1, len(sources) + 1)]
+    elif tsv is not None:
+        sources, targets, where = [], [], []
+        for number, line in enumerate(_lines(tsv), 1):
+            fields = line.split("\t")
+            if len(fields) != 2:
+                raise DataError(
+                    f"{tsv}:{number}: expected 2 tab-separated fields, got {len(fields)}"
+                )
+            sources.append(fields[0])
+            targets.append(fields[1])
+            where.append((tsv, tsv, number))
+    else:
+        raise DataError(
+            f"{root}: no {split}.{source_lang} and {split}.{target_lang} (or .gz), and no "
+            f"{split}.tsv; files there: {', '.join(sorted(p.name for p in root.iterdir())[:8])}"
+        )
+    keep, skipped = [], 0
+    for i, (s, t) in enumerate(zip(sources, targets, strict=True)):
+        if s.strip() and t.strip():
+            keep.append(i)
+            continue
+        if bad_records != "skip":
+            path = where[i][0] if not s.strip() else where[i][1]
+            raise DataError(f"{path}:{where[i][2]}: empty sentence")
+        skipped += 1
+    return Pairs([sources[i] for i in keep], [targets[i] for i in keep], skipped)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def _sentencepiece() -> Any:
+    try:
+        import sentencepiece
+    except ImportError:
+        raise DataError(
+            "translation needs SentencePiece: pip install 'hopperjax[translate]'"
+        ) from None
+    return sentencepiece
+
+
+def train_tokenizer(
+    sentences: Iterable[str], path: str | Path, *, vocab_size: int, model_type: str = "unigram"
+) -> Tokenizer:
+    """Trains a SentencePiece model on ``sentences`` and writes it to ``path`` (atomically)."""
+    spm = _sentencepiece()
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=1.0,
+            pad_id=PAD_ID,
+            eos_id=EOS_ID,
+            unk_id=UNK_ID,
+            bos_id=-1,
+            num_threads=max(1, min(8, os.cpu_count() or 1)),
+            minloglevel=2,  # warnings and errors only
+        )
+    except RuntimeError as e:  # e.g. a vocabulary larger than the text allows
+        raise DataError(f"SentencePiece training failed: {one_line(e)}") from None
+    path = Path(path)
+    files.atomic_write(path, lambda temp: temp.write_bytes(model.getvalue()))
+    return Tokenizer(path)
+
+
+class Tokenizer:
+    """A SentencePiece model file: text <-> ids, every encoded sentence ending in ``EOS_ID``."""
+
+    def __init__(self, path: str | Path):
+        spm = _sentencepiece()
+        self.path = Path(path)
+        try:
+            self._sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        except (OSError, RuntimeError) as e:
+            raise DataError(f"{self.path}: not a SentencePiece model ({one_line(e)})") from None
+        if (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
+            raise DataError(
+                f"{self.path}: special ids (pad, eos, unk) are "
+                f"{(self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id())}, expected "
+                f"{(PAD_ID, EOS_ID, UNK_ID)}"
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def encode(self, sentences: Sequence[str]) -> list[np.ndarray]:
+        """Each sentence's ids, ``EOS_ID`` last (int32)."""
+        ids = self._sp.encode(list(sentences), out_type=int)
+        return [np.asarray([*x, EOS_ID], np.int32) for x in ids]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Text of ``ids`` up to the first ``EOS_ID`` (padding and what follows dropped)."""
+        out = []
+        for i in np.asarray(ids).tolist():
+            if i == EOS_ID:
+                break
+            if i != PAD_ID:
+                out.append(i)
+        return self._sp.decode(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Packing
+
+
+@dataclasses.dataclass(frozen=True)
+class Packed:
+    """Rows of packed examples. Source side: ``source`` ids, ``source_segments``,
+    ``source_positions`` [rows, source_len]; target side likewise [rows, target_len]: ``target``
+    (what the decoder predicts) and ``target_inputs`` (the same shifted right within each
+    example, ``PAD_ID`` first: T5's decoder start). ``truncated``: examples cut to fit a row;
+    ``padding``: the fraction of token slots (both sides) left empty."""
+
+    arrays: dict[str, np.ndarray]
+    examples: int
+    truncated: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.arrays["source"])
+
+    @property
+    def padding(self) -> float:
+        slots = self.arrays["source"].size + self.arrays["target"].size
+        used = np.count_nonzero(self.arrays["source_segments"]) + np.count_nonzero(
+            self.arrays["target_segments"]
+        )
+        return 1.0 - used / slots
+
+
+def pack(
+    sources: Sequence[np.ndarray],
+    targets: Sequence[np.ndarray],
+    order: Sequence[int],
+    *,
+    source_len: int,
+    target_len: int,
+    open_rows: int = 64,
+) -> Packed:
+    """Packs examples ``order`` (indices into ``sources``/``targets``) first-fit into rows.
+
+    An example goes into the first of the last ``open_rows`` rows with room on both sides (a
+    bounded window keeps packing linear in the examples), else starts a new row. An example
+    longer than a row is cut to it (its last token stays ``EOS_ID``) and counted.
+    """
+    if source_len < 2 or target_len < 2:
+        raise ValueError(f"rows need >= 2 tokens a side, got {source_len}, {target_len}")
+    rows: list[list[int]] = []  # example indices per row
+    room: list[tuple[int, int]] = []  # free (source, target) tokens per row
+    cut = {}
+    truncated = 0
+    for i in order:
+        s, t = len(sources[i]), len(targets[i])
+        if s > source_len or t > target_len:
+            truncated += 1
+            s, t = min(s, source_len), min(t, target_len)
+        cut[i] = (s, t)
+        first = max(0, len(rows) - open_rows)
+        for r in range(first, len(rows)):
+            if room[r][0] >= s and room[r][1] >= t:
+                rows[r].append(i)
+                room[r] = (room[r][0] - s, room[r][1] - t)
+                break
+        else:
+            rows.append([i])
+            room.append((source_len - s, target_len - t))
+    arrays = {
+        name: np.zeros((len(rows), length), np.int32)
+        for name, length in (
+            ("source", source_len), ("source_segments", source_len),
+            ("source_positions", source_len), ("target", target_len),
+            ("target_inputs", target_len), ("target_segments", target_len),
+            ("target_positions", target_len),
+        )
+    }  # fmt: skip
+    for r, members in enumerate(rows):
+        at_s = at_t = 0
+        for segment, i in enumerate(members, 1):
+            s, t = cut[i]
+            src, tgt = sources[i][:s].copy(), targets[i][:t].copy()
+            src[-1], tgt[-1] = EOS_ID, EOS_ID
+            arrays["source"][r, at_s : at_s + s] = src
+            arrays["source_segments"][r, at_s : at_s + s] = segment
+            arrays["source_positions"][r, at_s : at_s + s] = np.arange(s)
+            arrays["target"][r, at_t : at_t + t] = tgt
+            arrays["target_inputs"][r, at_t + 1 : at_t + t] = tgt[:-1]  # PAD_ID starts it
+            arrays["target_segments"][r, at_t : at_t + t] = segment
+            arrays["target_positions"][r, at_t : at_t + t] = np.arange(t)
+            at_s, at_t = at_s + s, at_t + t
+    return Packed(arrays, examples=len(order), truncated=truncated)

@@ -1,0 +1,121 @@
+"""Parallel text (the translation workload's data): aligned files and TSV read the same pairs, bad
+records are one-line errors naming file and line, a joint SentencePiece vocabulary round-trips
+text, and packing keeps every example whole, alone in its segment and in order."""
+
+import gzip
+
+import numpy as np
+import pytest
+
+from hopperjax.data import parallel_text as pt
+from hopperjax.data.errors import DataError
+
+EN = ["A man rides a horse.", "Two dogs play in the snow.", "A girl reads a book.", "Hi."]
+DE = ["Ein Mann reitet ein Pferd.", "Zwei Hunde spielen im Schnee.", "Ein Mädchen liest.", "Hallo."]
+
+
+def _write(path, lines, *, compress=False):
+    data = ("\n".join(lines) + "\n").encode()
+    path.write_bytes(gzip.compress(data) if compress else data)
+
+
+def test_aligned_files_and_tsv_read_the_same_pairs(tmp_path):
+    _write(tmp_path / "train.en.gz", EN, compress=True)
+    _write(tmp_path / "train.de.gz", DE, compress=True)
+    _write(tmp_path / "val.tsv", [f"{e}\t{d}" for e, d in zip(EN, DE, strict=True)])
+    files = pt.read_pairs(tmp_path, "train", "en", "de")
+    tsv = pt.read_pairs(tmp_path, "val", "en", "de")
+    assert files.sources == tsv.sources == EN and files.targets == tsv.targets == DE
+    assert len(files) == 4 and files.skipped == 0
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("misaligned", r"train\.en: 4 lines, .*train\.de: 3 lines; line i of one must translate"),
+        ("latin1", r"train\.de:2: not UTF-8 text"),
+        ("empty_sentence", r"train\.de:3: empty sentence"),
+        ("tsv_fields", r"train\.tsv:2: expected 2 tab-separated fields, got 3"),
+        ("missing", r"no train\.en and train\.de \(or \.gz\), and no train\.tsv"),
+        ("empty_file", r"train\.en: empty"),
+    ],
+)
+def test_bad_records_are_one_line_errors_naming_file_and_line(tmp_path, setup, message):
+    de = list(DE)
+    if setup == "tsv_fields":
+        _write(tmp_path / "train.tsv", ["a\tb", "a\tb\tc"])
+    elif setup == "empty_file":
+        (tmp_path / "train.en").write_bytes(b"")
+        _write(tmp_path / "train.de", DE)
+    elif setup != "missing":
+        if setup == "misaligned":
+            de = de[:3]
+        if setup == "empty_sentence":
+            de[2] = "  "
+        _write(tmp_path / "train.en", EN)
+        _write(tmp_path / "train.de", de)
+        if setup == "latin1":
+            (tmp_path / "train.de").write_bytes("a\nMädchen\n".encode("latin-1") + b"b\nc\n")
+    with pytest.raises(DataError, match=message) as info:
+        pt.read_pairs(tmp_path, "train", "en", "de")
+    assert "\n" not in str(info.value)
+    if setup == "empty_sentence":
+        kept = pt.read_pairs(tmp_path, "train", "en", "de", bad_records="skip")
+        assert kept.skipped == 1 and kept.sources == EN[:2] + EN[3:]
+
+
+def test_joint_sentencepiece_vocabulary_round_trips_both_languages(tmp_path):
+    sentences = (EN + DE) * 20
+    with pytest.raises(
+        DataError, match=r"SentencePiece training failed: .*Vocabulary size too high"
+    ):
+        pt.train_tokenizer(sentences, tmp_path / "big.model", vocab_size=500)
+    assert not (tmp_path / "big.model").exists()
+    tok = pt.train_tokenizer(sentences, tmp_path / "spm.model", vocab_size=40)
+    assert tok.vocab_size == 40
+    again = pt.Tokenizer(tmp_path / "spm.model")  # what a resumed run or the translate CLI loads
+    for text in EN + DE:
+        ids = again.encode([text])[0]
+        assert ids[-1] == pt.EOS_ID and pt.PAD_ID not in ids[:-1]
+        assert again.decode(ids) == text
+        assert again.decode(np.concatenate([ids, [pt.PAD_ID, 7, 7]])) == text  # stops at eos
+    (tmp_path / "bad.model").write_bytes(b"not a model")
+    with pytest.raises(DataError, match=r"bad\.model: not a SentencePiece model"):
+        pt.Tokenizer(tmp_path / "bad.model")
+
+
+def test_packing_keeps_examples_whole_separate_and_shifted():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 9, size=(40, 2))
+    sources = [
+        np.append(rng.integers(3, 50, n - 1), pt.EOS_ID).astype(np.int32) for n in lengths[:, 0]
+    ]
+    targets = [
+        np.append(rng.integers(3, 50, n - 1), pt.EOS_ID).astype(np.int32) for n in lengths[:, 1]
+    ]
+    sources[5] = np.append(np.full(20, 9), pt.EOS_ID).astype(np.int32)  # longer than a row
+    order = rng.permutation(40)
+    packed = pt.pack(sources, targets, order, source_len=16, target_len=16)
+    a = packed.arrays
+    assert packed.truncated == 1 and packed.examples == 40
+    assert all(v.shape == (packed.rows, 16) for v in a.values())
+    seen = []
+    for r in range(packed.rows):
+        for segment in range(1, a["source_segments"][r].max() + 1):
+            s = a["source_segments"][r] == segment
+            t = a["target_segments"][r] == segment
+            src, tgt = a["source"][r, s], a["target"][r, t]
+            np.testing.assert_array_equal(a["source_positions"][r, s], np.arange(s.sum()))
+            np.testing.assert_array_equal(a["target_positions"][r, t], np.arange(t.sum()))
+            # The decoder reads the example's own targets shifted right, starting from padding.
+            np.testing.assert_array_equal(a["target_inputs"][r, t], np.append(pt.PAD_ID, tgt[:-1]))
+            assert src[-1] == tgt[-1] == pt.EOS_ID
+            seen.append((tuple(src), tuple(tgt)))
+    expected = {((*sources[i][:16][:-1], pt.EOS_ID), tuple(targets[i])) for i in range(40)}
+    assert set(seen) == expected and len(seen) == 40
+    # Each row is a run of whole segments then padding (never padding between examples).
+    for name in ("source_segments", "target_segments"):
+        used = a[name] > 0
+        assert (np.diff(used.astype(int), axis=1) <= 0).all()
+    naive = 1 - (np.minimum(lengths, 16).sum()) / (40 * 2 * 16)  # one example per row
+    assert packed.padding < naive / 2
