@@ -143,6 +143,17 @@ def layer_norm(*, policy: Policy, eps: float, use_bias: bool, name: str) -> nn.L
     )
 
 
+def rms_norm(*, eps: float, name: str) -> nn.RMSNorm:
+    """RMSNorm (T5's: scale only, no mean subtraction) in fp32; callers cast the output."""
+    return nn.RMSNorm(
+        epsilon=eps,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+        name=name,
+    )
+
+
 def gelu_exact(x: jax.Array) -> jax.Array:
     """Exact GELU, x Phi(x), written with erf as PyTorch does.
 
@@ -163,15 +174,17 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
     Args:
       x: [batch, length, heads, head_dim]
-      positions: [length]
+      positions: [length], or [batch, length] (packed rows: each example counts from 0)
     Returns:
       x rotated, same shape and dtype.
     """
     half = x.shape[-1] // 2
     inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)  # (hd/2,)
-    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # (T, hd/2)
-    sin = jnp.sin(angles)[None, :, None, :]  # (1, T, 1, hd/2)
-    cos = jnp.cos(angles)[None, :, None, :]
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # ([B,] T, hd/2)
+    if angles.ndim == 2:
+        angles = angles[None]
+    sin = jnp.sin(angles)[:, :, None, :]  # (B or 1, T, 1, hd/2)
+    cos = jnp.cos(angles)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)
@@ -200,6 +213,7 @@ def attention(
     *,
     causal: bool,
     lengths: jax.Array | None = None,
+    mask: jax.Array | None = None,
     implementation: str = "auto",
 ) -> jax.Array:
     """Softmax attention through the kernel ``implementation`` names (the ``attention`` key).
@@ -218,13 +232,16 @@ def attention(
       q, k, v: [batch, length, heads, head_dim]
       causal: each position attends only to itself and earlier ones.
       lengths: [batch] int32 valid positions per row; keys at or past it are masked (padding).
+      mask: [batch, 1, length, key_length] bool, true where a query may see a key (packed rows:
+        the same example); combined with ``causal`` and ``lengths``. A query that sees no key
+        (padding) gets a uniform average, which its masked loss ignores.
       implementation: "auto", "xla" or "cudnn".
     Returns:
       [batch, length, heads, head_dim]
     """
     backend = _backend()
     if implementation == "auto" and backend == "cpu":
-        return _attention_cpu(q, k, v, causal=causal, lengths=lengths)
+        return _attention_cpu(q, k, v, causal=causal, lengths=lengths, mask=mask)
     check_attention(implementation)
     if implementation == "cudnn" or (implementation == "auto" and backend in _CUDNN_BACKENDS):
         if q.dtype not in (jnp.bfloat16, jnp.float16):
@@ -237,6 +254,7 @@ def attention(
                         q,
                         k,
                         v,
+                        mask=mask,
                         is_causal=causal,
                         key_value_seq_lengths=lengths,
                         implementation="cudnn",
@@ -250,14 +268,16 @@ def attention(
             _log.warning("attention: auto runs XLA's softmax here, cuDNN refused: %s", reason)
     with jax.named_scope("attention"):
         out = jax.nn.dot_product_attention(
-            q, k, v, is_causal=causal, key_value_seq_lengths=lengths, implementation="xla"
-        )
+            q, k, v, mask=mask, is_causal=causal, key_value_seq_lengths=lengths,
+            implementation="xla",
+        )  # fmt: skip
     return out.astype(q.dtype)
 
 
 def _attention_cpu(
-    q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, lengths: jax.Array | None
-) -> jax.Array:
+    q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, lengths: jax.Array | None,
+    mask: jax.Array | None = None,
+) -> jax.Array:  # fmt: skip
     """The same softmax attention, written for XLA:CPU.
 
     Faster than ``jax.nn.dot_product_attention``'s XLA path there (its masks are built and
@@ -285,6 +305,8 @@ def _attention_cpu(
             valid = jnp.arange(logits.shape[-1]) < lengths[:, None]  # (B, S)
             valid = valid[:, None, None, :]
             keep = valid if keep is None else keep & valid
+        if mask is not None:
+            keep = mask if keep is None else keep & mask
         if keep is not None:
             logits = jnp.where(keep, logits, jnp.finfo(jnp.float32).min / 2)
         probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)

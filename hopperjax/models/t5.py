@@ -1,0 +1,431 @@
+"""A T5-style encoder-decoder for translation (v1.1's shape: pre-norm RMSNorm, gated-GELU MLPs, no
+biases, optionally tied embeddings), on packed rows; its config and its analytic FLOPs.
+
+Inputs are the packed rows of ``data/parallel_text.py``: several examples per row, each with its
+segment id and its own positions. Attention sees only its own example: self-attention within a
+segment (causal in the decoder), cross-attention from a target segment to the source segment of
+the same id. Positions: RoPE on the self-attention queries and keys with each example's own
+positions (T5 learns relative position buckets instead; RoPE is relative too, needs no extra
+parameters and runs inside cuDNN's fused attention), none on cross-attention, as in T5.
+
+Encoder and decoder are each one ``nn.scan`` over their blocks (a "layers" parameter axis), with
+their own remat policy. The output head is the embedding matrix (scaled by ``d_model ** -0.5``,
+T5's tied head) or a separate ``lm_head``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+import jax
+from jax.ad_checkpoint import checkpoint_name
+
+from hopperjax import config as config_lib
+from hopperjax.config import RematConfig
+from hopperjax.memory.remat import remat_block
+from hopperjax.models import layers
+from hopperjax.precision import Policy
+from hopperjax.precision.fp8 import FP8_COLLECTION
+
+# Dense layers FP8 can run, and the activations the remat policies can keep or offload by name.
+FP8_LAYERS = ("qkv", "attn_out", "cross_q", "cross_kv", "cross_out", "mlp_in", "mlp_out", "lm_head")
+BLOCK_ACTIVATIONS = (
+    "qkv",
+    "attention",
+    "attn_out",
+    "cross_attention",
+    "cross_out",
+    "mlp_in",
+    "mlp_hidden",
+    "mlp_out",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config(config_lib.ModelConfig):
+    """The translation model's ``model:`` group.
+
+    ``encoder_layers`` / ``decoder_layers``: blocks of each stack. ``mlp_dim``: the gated MLP's
+    hidden width. ``dropout`` after the embeddings and every residual branch (training only).
+    ``tie_embeddings``: the output head is the (scaled) embedding matrix. ``scan_unroll``: blocks
+    unrolled per iteration of each layer scan.
+    """
+
+    vocab_size: int = 8000
+    d_model: int = 256
+    n_heads: int = 4
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    mlp_dim: int = 1024
+    dropout: float = 0.1
+    norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+    tie_embeddings: bool = True
+    scan_unroll: int = 1
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the ``model.*`` key of the first bad value."""
+        for key in (
+            "vocab_size",
+            "d_model",
+            "n_heads",
+            "encoder_layers",
+            "decoder_layers",
+            "mlp_dim",
+            "scan_unroll",
+            "norm_eps",
+            "rope_theta",
+            "init_std",
+        ):
+            config_lib.positive(f"model.{key}", getattr(self, key))
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise config_lib.ConfigError(
+                "model.n_heads",
+                f"must divide model.d_model={self.d_model} into even head sizes (RoPE), "
+                f"got {self.n_heads}",
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise config_lib.ConfigError(
+                "model.dropout", f"expected 0 <= dropout < 1, got {self.dropout}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+    """[batch, 1, queries, keys] bool: a query sees the keys of its own example (segment ids
+    equal and not padding)."""
+    same = query_segments[:, :, None] == key_segments[:, None, :]
+    return (same & (key_segments[:, None, :] > 0))[:, None]
+
+
+class _Attention(nn.Module):
+    """Multi-head attention; self-attention (RoPE on ``positions``) when ``memory`` is None,
+    else cross-attention from x to ``memory`` (no positions)."""
+
+    config: T5Config
+    policy: Policy
+    causal: bool = False
+
+    @nn.compact
+    def __call__(self, x, mask, positions=None, memory=None):
+        cfg, policy = self.config, self.policy
+        heads, head_dim = cfg.n_heads, cfg.head_dim
+        out_std = cfg.init_std / math.sqrt(2 * (cfg.encoder_layers + cfg.decoder_layers))
+        if memory is None:
+            qkv = layers.dense(
+                (3, heads, head_dim),
+                axes=("embed", None, "heads", "kv"),
+                policy=policy,
+                std=cfg.init_std,
+                use_bias=False,
+                name="qkv",
+            )(x)
+            qkv = checkpoint_name(qkv, "qkv")
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+            q = layers.rope(q, positions, cfg.rope_theta)
+            k = layers.rope(k, positions, cfg.rope_theta)
+            tag, out_name = "attention", "attn_out"
+        else:
+            q = layers.dense(
+                (heads, head_dim),
+                axes=("embed", "heads", "kv"),
+                policy=policy,
+                std=cfg.init_std,
+                use_bias=False,
+                name="cross_q",
+            )(x)
+            kv = layers.dense(
+                (2, heads, head_dim),
+                axes=("embed", None, "heads", "kv"),
+                policy=policy,
+                std=cfg.init_std,
+                use_bias=False,
+                name="cross_kv",
+            )(memory)
+            k, v = kv[:, :, 0], kv[:, :, 1]
+            tag, out_name = "cross_attention", "cross_out"
+        out = layers.attention(
+            q, k, v, causal=self.causal, mask=mask, implementation=policy.attention
+        )
+        out = checkpoint_name(out, tag)
+        out = layers.dense(
+            cfg.d_model,
+            axes=("heads", "kv", "embed"),
+            policy=policy,
+            std=out_std,
+            use_bias=False,
+            name=out_name,
+        )(out)
+        return checkpoint_name(out, out_name)
+
+
+class _GatedMLP(nn.Module):
+    config: T5Config
+    policy: Policy
+
+    @nn.compact
+    def __call__(self, x):
+        cfg, policy = self.config, self.policy
+        out_std = cfg.init_std / math.sqrt(2 * (cfg.encoder_layers + cfg.decoder_layers))
+        gate_up = layers.dense(
+            (2, cfg.mlp_dim),
+            axes=("embed", None, "mlp"),
+            policy=policy,
+            std=cfg.init_std,
+            use_bias=False,
+            name="mlp_in",
+        )(x)
+        gate_up = checkpoint_name(gate_up, "mlp_in")
+        h = layers.gelu_exact(gate_up[..., 0, :]) * gate_up[..., 1, :]
+        h = checkpoint_name(h, "mlp_hidden")
+        h = layers.dense(
+            cfg.d_model,
+            axes=("mlp", "embed"),
+            policy=policy,
+            std=out_std,
+            use_bias=False,
+            name="mlp_out",
+        )(h)
+        return checkpoint_name(h, "mlp_out")
+
+
+def _norm(cfg: T5Config, policy: Policy, name: str):
+    norm = layers.rms_norm(eps=cfg.norm_eps, name=name)
+    return lambda x: norm(x).astype(policy.compute_dtype)
+
+
+class EncoderBlock(nn.Module):
+    """x + attn(norm(x)) within each example, then x + mlp(norm(x)); a scan body."""
+
+    config: T5Config
+    policy: Policy
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x, positions, mask):
+        cfg, policy = self.config, self.policy
+        drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
+        h = _norm(cfg, policy, "attn_norm")(x)
+        x = x + drop(_Attention(cfg, policy, name="attention")(h, mask, positions))
+        x = x + drop(_GatedMLP(cfg, policy, name="mlp")(_norm(cfg, policy, "mlp_norm")(x)))
+        return layers.constrain(x, ("batch", "length", "embed")), None
+
+
+class DecoderBlock(nn.Module):
+    """Causal self-attention within each example, cross-attention to the same example's
+    encoding, then the MLP; each pre-norm with a residual; a scan body."""
+
+    config: T5Config
+    policy: Policy
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x, positions, self_mask, memory, cross_mask):
+        cfg, policy = self.config, self.policy
+        drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
+        h = _norm(cfg, policy, "attn_norm")(x)
+        x = x + drop(
+            _Attention(cfg, policy, causal=True, name="attention")(h, self_mask, positions)
+        )
+        h = _norm(cfg, policy, "cross_norm")(x)
+        x = x + drop(_Attention(cfg, policy, name="cross")(h, cross_mask, memory=memory))
+        x = x + drop(_GatedMLP(cfg, policy, name="mlp")(_norm(cfg, policy, "mlp_norm")(x)))
+        return layers.constrain(x, ("batch", "length", "embed")), None
+
+
+def _stack(
+    block: type[nn.Module],
+    n: int,
+    cfg: T5Config,
+    policy: Policy,
+    remat: RematConfig,
+    deterministic: bool,
+    name: str,
+    n_inputs: int,
+) -> nn.Module:
+    """``n`` blocks as one ``nn.scan`` over a stacked "layers" parameter axis."""
+    return nn.scan(
+        remat_block(block, remat),
+        variable_axes={"params": 0, FP8_COLLECTION: 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * n_inputs,
+        length=n,
+        unroll=min(cfg.scan_unroll, n),
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )(cfg, policy, deterministic, name=name)
+
+
+def _embed(embed: nn.Module, cfg: T5Config, policy: Policy, tokens, deterministic):
+    x = embed(tokens).astype(policy.compute_dtype)
+    x = nn.Dropout(cfg.dropout, deterministic=deterministic)(x)
+    return layers.constrain(x, ("batch", "length", "embed"))
+
+
+class Encoder(nn.Module):
+    """source ids [B, S] -> the encoding [B, S, d] (compute dtype)."""
+
+    config: T5Config
+    policy: Policy
+    remat: RematConfig
+    embed: nn.Module
+
+    @nn.compact
+    def __call__(self, source, source_segments, source_positions, deterministic=True):
+        cfg, policy = self.config, self.policy
+        x = _embed(self.embed, cfg, policy, source, deterministic)
+        stack = _stack(
+            EncoderBlock, cfg.encoder_layers, cfg, policy, self.remat, deterministic, "blocks", 2
+        )
+        x = stack(x, source_positions, segment_mask(source_segments, source_segments))[0]
+        return _norm(cfg, policy, "final_norm")(x)
+
+
+class Decoder(nn.Module):
+    """The logits [B, T, vocab] (the policy's output dtype) for ``target_inputs`` (targets
+    shifted right within each example), given the encoding."""
+
+    config: T5Config
+    policy: Policy
+    remat: RematConfig
+    embed: nn.Module
+
+    @nn.compact
+    def __call__(
+        self,
+        encoded,
+        source_segments,
+        target_inputs,
+        target_segments,
+        target_positions,
+        deterministic=True,
+    ):
+        cfg, policy = self.config, self.policy
+        x = _embed(self.embed, cfg, policy, target_inputs, deterministic)
+        stack = _stack(
+            DecoderBlock, cfg.decoder_layers, cfg, policy, self.remat, deterministic, "blocks", 4
+        )
+        x = stack(
+            x,
+            target_positions,
+            segment_mask(target_segments, target_segments),
+            encoded,
+            segment_mask(target_segments, source_segments),
+        )[0]
+        x = _norm(cfg, policy, "final_norm")(x)
+        if cfg.tie_embeddings:
+            logits = self.embed.attend(x * cfg.d_model**-0.5)
+        else:
+            logits = layers.dense(
+                cfg.vocab_size,
+                axes=("embed", "vocab"),
+                policy=policy,
+                std=cfg.init_std,
+                use_bias=False,
+                name="lm_head",
+            )(x)
+        return logits.astype(policy.output_dtype)
+
+
+class T5(nn.Module):
+    """Encoder-decoder over packed rows; ``encode`` and ``decode`` are its two halves (the
+    decoding loop calls them apart).
+
+    Attributes:
+      config: sizes and options.
+      policy: dtypes of parameters and compute.
+      remat: the encoder blocks' remat; ``decoder_remat`` the decoder's (default: the same).
+    """
+
+    config: T5Config
+    policy: Policy
+    remat: RematConfig = RematConfig()
+    decoder_remat: RematConfig | None = None
+
+    def setup(self) -> None:
+        cfg, policy = self.config, self.policy
+        embed = layers.embed(
+            cfg.vocab_size,
+            cfg.d_model,
+            axes=("vocab", "embed"),
+            policy=policy,
+            std=1.0,
+            name="token_embed",
+        )
+        self.token_embed = embed
+        self.encoder = Encoder(cfg, policy, self.remat, embed)
+        self.decoder = Decoder(cfg, policy, self.decoder_remat or self.remat, embed)
+
+    def encode(self, source, source_segments, source_positions, *, deterministic=True):
+        return self.encoder(source, source_segments, source_positions, deterministic)
+
+    def decode(
+        self,
+        encoded,
+        source_segments,
+        target_inputs,
+        target_segments,
+        target_positions,
+        *,
+        deterministic=True,
+    ):
+        return self.decoder(
+            encoded,
+            source_segments,
+            target_inputs,
+            target_segments,
+            target_positions,
+            deterministic,
+        )
+
+    def __call__(
+        self,
+        source,
+        source_segments,
+        source_positions,
+        target_inputs,
+        target_segments,
+        target_positions,
+        *,
+        deterministic=True,
+    ):
+        encoded = self.encode(
+            source, source_segments, source_positions, deterministic=deterministic
+        )
+        return self.decode(
+            encoded,
+            source_segments,
+            target_inputs,
+            target_segments,
+            target_positions,
+            deterministic=deterministic,
+        )
+
+
+def forward_flops(config: T5Config, *, rows: int, source_len: int, target_len: int) -> int:
+    """GEMM FLOPs of one forward pass over ``rows`` packed rows (2 per multiply-add).
+
+    Counts every projection, the attention scores and values over the full [T, S] squares (what
+    the kernels compute; masks are applied after), and the output head; not norms or softmax.
+    """
+    d, m, v = config.d_model, config.mlp_dim, config.vocab_size
+    s, t = source_len, target_len
+    mlp = 2 * d * m + m * d
+    encoder = config.encoder_layers * s * (4 * d * d + mlp) + config.encoder_layers * 2 * s * s * d
+    decoder = config.decoder_layers * (
+        t * (4 * d * d + 2 * d * d + mlp)  # self qkv+out, cross q+out, MLP
+        + s * 2 * d * d  # cross keys and values of the encoding
+        + 2 * t * t * d  # self-attention scores and values
+        + 2 * t * s * d  # cross-attention scores and values
+    )
+    return 2 * rows * (encoder + decoder + t * d * v)
+
+
+def train_flops_per_step(config: T5Config, *, rows: int, source_len: int, target_len: int) -> int:
+    """Model FLOPs of one training step (forward + backward = 3 x forward)."""
+    return 3 * forward_flops(config, rows=rows, source_len=source_len, target_len=target_len)
