@@ -5,12 +5,19 @@ know their file formats, never a workload or the trainer; a workload (``hopperja
 composes them into ``Datasets``.
 """
 
-from hopperjax.data.grain_io import Datasets, ProcessShard, make_iterator, position_problem
+from hopperjax.data.grain_io import (
+    Datasets,
+    EpochBatches,
+    ProcessShard,
+    make_iterator,
+    position_problem,
+)
 from hopperjax.data.prefetch import DevicePrefetcher, run_alone, to_global_batch
 
 __all__ = [
     "Datasets",
     "DevicePrefetcher",
+    "EpochBatches",
     "ProcessShard",
     "make_iterator",
     "position_problem",

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Generic, TypeVar
 
 import grain
+import numpy as np
 from absl import flags
 
 from hopperjax.config import DataConfig
@@ -50,6 +51,70 @@ class Datasets(Generic[Meta]):
     train: Any
     eval: Any
     meta: Meta
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochBatches:
+    """Batches of ``source`` epoch after epoch (a grain ``RandomAccessDataSource`` of batches).
+
+    Batch ``i`` is slot ``i % per_epoch`` of epoch ``i // per_epoch``: ``global_batch``
+    consecutive examples of that epoch's permutation (seeded by ``seed`` and the epoch; the
+    source's order when ``shuffle`` is false), of which this process takes its ``rows`` from
+    ``offset``. An epoch's remainder (fewer than ``global_batch`` examples) is left out.
+    ``epochs`` None is endless (training runs for train.steps). One gather per batch: reading
+    and stacking record by record cost ~17 ms per 512 CIFAR images on one core, under what a GPU
+    step consumes. The position is a batch index, so a run resumes exactly. Any source with
+    ``len()`` and ``batch(indices)`` serves (decoded images, packed rows of text, ...).
+    """
+
+    source: Any  # len() and batch(order) -> a batch: images.ImageSet, parallel_text rows, ...
+    global_batch: int
+    rows: int
+    offset: int = 0
+    seed: int = 0
+    shuffle: bool = True
+    epochs: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.global_batch <= len(self.source):
+            raise ValueError(
+                f"a batch of {self.global_batch} needs at least that many examples, got "
+                f"{len(self.source)}"
+            )
+        if not (
+            self.offset >= 0 and self.rows > 0 and self.offset + self.rows <= self.global_batch
+        ):
+            raise ValueError(
+                f"rows [{self.offset}, {self.offset + self.rows}) are not inside a batch of "
+                f"{self.global_batch}"
+            )
+
+    def __len__(self) -> int:
+        per_epoch = len(self.source) // self.global_batch
+        return 2**62 if self.epochs is None else self.epochs * per_epoch
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        epoch, slot = divmod(int(index), len(self.source) // self.global_batch)
+        start = slot * self.global_batch + self.offset
+        return self.source.batch(self._order(epoch)[start : start + self.rows])
+
+    def _order(self, epoch: int) -> np.ndarray:
+        # One epoch's permutation kept per process; grain reads from several threads, so the
+        # cache is replaced in one assignment and the order returned from a local.
+        cached = self.__dict__.get("_cache")
+        if cached is not None and cached[0] == epoch:
+            return cached[1]
+        n = len(self.source)
+        rng = np.random.default_rng((self.seed, epoch))
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        self.__dict__["_cache"] = (epoch, order)
+        return order
+
+    def __getstate__(self) -> dict[str, Any]:  # worker processes compute their own
+        return {k: v for k, v in self.__dict__.items() if k != "_cache"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
 
 def make_iterator(dataset: grain.MapDataset, data: DataConfig) -> grain.DatasetIterator:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import io
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -144,9 +143,12 @@ def _sentencepiece() -> Any:
 
 
 def train_tokenizer(
-    sentences: Iterable[str], path: str | Path, *, vocab_size: int, model_type: str = "unigram"
+    sentences: Iterable[str], *, vocab_size: int, model_type: str = "unigram"
 ) -> Tokenizer:
-    """Trains a SentencePiece model on ``sentences`` and writes it to ``path`` (atomically)."""
+    """A SentencePiece model trained on ``sentences`` (in memory; ``Tokenizer.save`` writes it).
+
+    One training thread: the same sentences give the same model on every process and rerun.
+    """
     spm = _sentencepiece()
     model = io.BytesIO()
     try:
@@ -160,32 +162,42 @@ def train_tokenizer(
             eos_id=EOS_ID,
             unk_id=UNK_ID,
             bos_id=-1,
-            num_threads=max(1, min(8, os.cpu_count() or 1)),
+            num_threads=1,
             minloglevel=2,  # warnings and errors only
         )
     except RuntimeError as e:  # e.g. a vocabulary larger than the text allows
         raise DataError(f"SentencePiece training failed: {one_line(e)}") from None
-    path = Path(path)
-    files.atomic_write(path, lambda temp: temp.write_bytes(model.getvalue()))
-    return Tokenizer(path)
+    return Tokenizer(model.getvalue(), name=f"a {model_type} model of {vocab_size} pieces")
 
 
 class Tokenizer:
-    """A SentencePiece model file: text <-> ids, every encoded sentence ending in ``EOS_ID``."""
+    """A SentencePiece model (its serialized bytes): text <-> ids, every encoded sentence ending
+    in ``EOS_ID``. ``name`` says where it came from, in errors."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, proto: bytes, *, name: str):
         spm = _sentencepiece()
-        self.path = Path(path)
+        self.proto, self.name = proto, name
         try:
-            self._sp = spm.SentencePieceProcessor(model_file=str(self.path))
-        except (OSError, RuntimeError) as e:
-            raise DataError(f"{self.path}: not a SentencePiece model ({one_line(e)})") from None
-        if (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
+            self._sp = spm.SentencePieceProcessor(model_proto=proto)
+        except (OSError, RuntimeError, TypeError) as e:
+            raise DataError(f"{name}: not a SentencePiece model ({one_line(e)})") from None
+        ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id())
+        if ids != (PAD_ID, EOS_ID, UNK_ID):
             raise DataError(
-                f"{self.path}: special ids (pad, eos, unk) are "
-                f"{(self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id())}, expected "
+                f"{name}: special ids (pad, eos, unk) are {ids}, expected "
                 f"{(PAD_ID, EOS_ID, UNK_ID)}"
             )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        try:
+            proto = Path(path).read_bytes()
+        except OSError as e:
+            raise DataError(f"{path}: cannot read ({e.strerror})") from None
+        return cls(proto, name=str(path))
+
+    def save(self, path: str | Path) -> None:
+        files.atomic_write(Path(path), lambda temp: temp.write_bytes(self.proto))
 
     @property
     def vocab_size(self) -> int:
@@ -207,6 +219,26 @@ class Tokenizer:
         return self._sp.decode(out)
 
 
+_LEXICON = (
+    ("a", "ein"), ("the", "der"), ("man", "Mann"), ("woman", "Frau"), ("dog", "Hund"),
+    ("child", "Kind"), ("sees", "sieht"), ("holds", "hält"), ("red", "roten"), ("big", "großen"),
+    ("ball", "Ball"), ("hat", "Hut"), ("in", "im"), ("park", "Park"), ("snow", "Schnee"),
+    ("and", "und"), ("runs", "rennt"), ("small", "kleinen"), ("blue", "blauen"), ("car", "Wagen"),
+)  # fmt: skip
+
+
+def synthetic_pairs(count: int, seed: int) -> Pairs:
+    """``count`` generated pairs, each target the word-by-word translation of its source over a
+    20-word English-German lexicon (3 to 9 words): a learnable task for smoke runs and tests."""
+    rng = np.random.default_rng(seed)
+    sources, targets = [], []
+    for n in rng.integers(3, 10, count):
+        words = rng.integers(0, len(_LEXICON), n)
+        sources.append(" ".join(_LEXICON[w][0] for w in words) + " .")
+        targets.append(" ".join(_LEXICON[w][1] for w in words) + " .")
+    return Pairs(sources, targets)
+
+
 # ---------------------------------------------------------------------------------------------
 # Packing
 
@@ -226,6 +258,20 @@ class Packed:
     @property
     def rows(self) -> int:
         return len(self.arrays["source"])
+
+    def __len__(self) -> int:  # a source of ``grain_io.EpochBatches``: rows are its examples
+        return self.rows
+
+    def batch(self, order: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows ``order`` as one batch."""
+        return {k: v[order] for k, v in self.arrays.items()}
+
+    def padded(self, multiple: int) -> Packed:
+        """Grown to a multiple of ``multiple`` rows with empty rows (segment 0: masked)."""
+        extra = -self.rows % multiple
+        arrays = {k: np.concatenate([v, np.zeros((extra, v.shape[1]), v.dtype)])
+                  for k, v in self.arrays.items()}  # fmt: skip
+        return dataclasses.replace(self, arrays=arrays)
 
     @property
     def padding(self) -> float:

@@ -1,0 +1,296 @@
+"""Translation: a sentence in, its translation out (the encoder-decoder workload).
+
+Data: parallel text (``data/parallel_text.py``): aligned files or TSV per split, or generated
+pairs. A SentencePiece vocabulary of ``model.vocab_size`` pieces is trained on the training
+split's source and target sentences together at a run's first start and saved as the run's
+``spm.model``; a resumed run, and decoding, read that file. Examples are packed into rows of
+``data.source_len`` / ``data.target_len`` tokens (segment ids and per-example positions keep them
+apart); ``train.batch_size`` counts rows. Model: ``models/t5.py``. Eval reports per-token loss,
+token accuracy and perplexity over the held-out split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from hopperjax import config as config_lib
+from hopperjax.config import Config, ConfigError, RematConfig
+from hopperjax.data import EpochBatches
+from hopperjax.data import parallel_text as pt
+from hopperjax.data.errors import DataError
+from hopperjax.models import t5
+from hopperjax.precision import Policy
+from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload
+
+TOKENIZER_FILE = "spm.model"
+FIELDS = ("source", "source_segments", "source_positions", "target", "target_inputs",
+          "target_segments", "target_positions")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelData(config_lib.DataConfig):
+    """The ``data:`` group of translation.
+
+    ``source``: ``files`` (``path`` holds ``<split>.<lang>[.gz]`` pairs or ``<split>.tsv``) or
+    ``synthetic`` (``synthetic_pairs`` generated word-by-word English->German pairs, a quarter as
+    many held out). ``source_lang`` / ``target_lang``: the file suffixes. ``source_len`` /
+    ``target_len``: tokens per packed row on each side (longer examples are cut, and counted).
+    ``tokenizer``: SentencePiece's ``unigram`` or ``bpe``. ``bad_records``: ``error`` (one line
+    naming file and line) or ``skip`` (pairs with an empty side, counted). ``label_smoothing``:
+    of the training loss's targets.
+    """
+
+    source: Literal["files", "synthetic"] = "files"
+    path: str | None = None
+    source_lang: str = "en"
+    target_lang: str = "de"
+    train_split: str = "train"
+    eval_split: str = "val"
+    source_len: int = 64
+    target_len: int = 64
+    tokenizer: Literal["unigram", "bpe"] = "unigram"
+    bad_records: Literal["error", "skip"] = "error"
+    synthetic_pairs: int = 2000
+    label_smoothing: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslationMeta:
+    """What a run's parallel text is: its tokenizer (serialized), pair and row counts, the
+    training rows' padding fraction, examples cut to fit a row and pairs skipped."""
+
+    tokenizer: bytes
+    train_pairs: int
+    eval_pairs: int
+    train_rows: int
+    padding: float
+    truncated: int
+    skipped: int
+
+
+class Translation(Workload):
+    ModelConfig = t5.T5Config
+    DataConfig = ParallelData
+    examples_name = "tokens"
+    remat_names = t5.BLOCK_ACTIVATIONS
+    fp8_layers = t5.FP8_LAYERS
+    default_fp8_layers = tuple(x for x in t5.FP8_LAYERS if x != "lm_head")
+    smoke_overrides = (
+        "data.source=synthetic",
+        "data.path=null",
+        "data.synthetic_pairs=400",
+        "data.source_len=32",
+        "data.target_len=32",
+        "model.vocab_size=48",
+        "model.d_model=32",
+        "model.n_heads=2",
+        "model.encoder_layers=1",
+        "model.decoder_layers=1",
+        "model.mlp_dim=64",
+        "model.dropout=0.0",
+        "train.batch_size=16",
+    )
+
+    @classmethod
+    def validate_config(cls, config: Config) -> None:
+        m, d = config.model, config.data
+        m.validate()
+        for key in ("source_len", "target_len"):
+            if getattr(d, key) < 2:
+                raise ConfigError(f"data.{key}", f"expected >= 2 tokens, got {getattr(d, key)}")
+        if not 0.0 <= d.label_smoothing < 1.0:
+            raise ConfigError(
+                "data.label_smoothing", f"expected 0 <= smoothing < 1, got {d.label_smoothing}"
+            )
+        if d.source == "files":
+            if not d.path:
+                raise ConfigError("data.path", "required when data.source is 'files'")
+            if not Path(d.path).is_dir():
+                raise ConfigError("data.path", f"not a directory: {d.path}")
+        else:
+            if d.path:
+                raise ConfigError("data.path", "not used by data.source 'synthetic'")
+            config_lib.positive("data.synthetic_pairs", d.synthetic_pairs)
+
+    def build_model(self, policy: Policy, remat: RematConfig) -> t5.T5:
+        return t5.T5(config=self.config.model, policy=policy, remat=remat)
+
+    # ------------------------------------------------------------------------------------------
+    # Data
+
+    def _read(self) -> tuple[pt.Pairs, pt.Pairs]:
+        d = self.config.data
+        if d.source == "synthetic":
+            n = d.synthetic_pairs
+            return pt.synthetic_pairs(n, self.config.seed), pt.synthetic_pairs(
+                max(1, n // 4), self.config.seed + 1
+            )
+        read = dict(bad_records=d.bad_records)
+        return (
+            pt.read_pairs(d.path, d.train_split, d.source_lang, d.target_lang, **read),
+            pt.read_pairs(d.path, d.eval_split, d.source_lang, d.target_lang, **read),
+        )
+
+    def _tokenizer(self, train: pt.Pairs) -> pt.Tokenizer:
+        """The run's saved tokenizer when it has one (a resumed run), else one trained now."""
+        saved = self.config.run_path / TOKENIZER_FILE
+        vocab = self.config.model.vocab_size
+        if saved.is_file():
+            tokenizer = pt.Tokenizer.load(saved)
+            if tokenizer.vocab_size != vocab:
+                raise ConfigError(
+                    "model.vocab_size",
+                    f"{vocab}, but {saved} (this run's tokenizer) has {tokenizer.vocab_size} "
+                    "pieces; use the same size or a new run_dir",
+                )
+            return tokenizer
+        return pt.train_tokenizer(
+            [*train.sources, *train.targets],
+            vocab_size=vocab,
+            model_type=self.config.data.tokenizer,
+        )
+
+    def build_datasets(self, shard: ProcessShard) -> Datasets[TranslationMeta]:
+        """This process's rows of every training batch (packed once, rows reshuffled every
+        epoch) and of the held-out split (packed in order, one pass, padded with empty rows to
+        whole global batches).
+
+        Raises ConfigError naming the key: bad files (``data.path``), a tokenizer that cannot be
+        trained (``model.vocab_size``), or fewer training rows than one batch.
+        """
+        config, d = self.config, self.config.data
+        t = config.train
+        try:
+            train, held = self._read()
+        except DataError as e:
+            raise ConfigError("data.path", str(e), name_key=False) from None
+        try:
+            tokenizer = self._tokenizer(train)
+        except DataError as e:
+            raise ConfigError("model.vocab_size", str(e)) from None
+        lengths = dict(source_len=d.source_len, target_len=d.target_len)
+        order = np.random.default_rng(config.seed).permutation(len(train))
+        packed = pt.pack(
+            tokenizer.encode(train.sources), tokenizer.encode(train.targets), order, **lengths
+        )
+        held_packed = pt.pack(
+            tokenizer.encode(held.sources),
+            tokenizer.encode(held.targets),
+            np.arange(len(held)),
+            **lengths,
+        )
+        if packed.rows < t.batch_size:
+            raise ConfigError(
+                "train.batch_size",
+                f"larger than the {packed.rows} packed rows of the training split",
+            )
+        rows, index, count = shard.rows(t.batch_size), shard.index, shard.count
+        train_ds = grain.MapDataset.source(
+            EpochBatches(packed, rows * count, rows, index * rows, config.seed, d.shuffle)
+        )
+        eval_batch = t.eval_batch_size or t.batch_size
+        eval_rows = shard.rows(eval_batch)
+        eval_ds = grain.MapDataset.source(
+            EpochBatches(
+                held_packed.padded(eval_batch),
+                eval_rows * count,
+                eval_rows,
+                index * eval_rows,
+                shuffle=False,
+                epochs=1,
+            )
+        )
+        meta = TranslationMeta(
+            tokenizer=tokenizer.proto,
+            train_pairs=len(train),
+            eval_pairs=len(held),
+            train_rows=packed.rows,
+            padding=packed.padding,
+            truncated=packed.truncated + held_packed.truncated,
+            skipped=train.skipped + held.skipped,
+        )
+        return Datasets(train=train_ds, eval=eval_ds, meta=meta)
+
+    def batch_fields(self, batch_size: int, datasets: Datasets | None) -> dict[str, Field]:
+        d = self.config.data
+        return {
+            name: Field(
+                (batch_size, d.source_len if name.startswith("source") else d.target_len),
+                jnp.int32,
+                ("batch", "length"),
+            )
+            for name in FIELDS
+        }
+
+    def model_inputs(self, batch: Any) -> tuple[Any, ...]:
+        return tuple(batch[k] for k in FIELDS if k != "target")
+
+    # ------------------------------------------------------------------------------------------
+    # Loss and metrics
+
+    def _token_losses(self, logits: jax.Array, batch: Any, smoothing: float) -> jax.Array:
+        logits = logits.astype(jnp.float32)
+        if not smoothing:
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["target"])
+        targets = optax.smooth_labels(jax.nn.one_hot(batch["target"], logits.shape[-1]), smoothing)
+        return optax.softmax_cross_entropy(logits, targets)
+
+    def loss(self, outputs: jax.Array, batch: Any) -> jax.Array:
+        """Mean cross-entropy over the real target tokens (padding slots count nothing)."""
+        real = (batch["target_segments"] > 0).astype(jnp.float32)
+        losses = self._token_losses(outputs, batch, self.config.data.label_smoothing)
+        return (losses * real).sum() / jnp.maximum(real.sum(), 1.0)
+
+    def eval_outputs(self, outputs: jax.Array, batch: Any) -> dict[str, jax.Array]:
+        """Sums over the real target tokens, so that means over many batches are exact."""
+        real = batch["target_segments"] > 0
+        losses = self._token_losses(outputs, batch, 0.0)
+        correct = (jnp.argmax(outputs, axis=-1) == batch["target"]) & real
+        return {
+            "loss_sum": jnp.where(real, losses, 0.0).sum(),
+            "correct": correct.sum().astype(jnp.float32),
+            "tokens": real.sum().astype(jnp.float32),
+        }
+
+    def summarize(self, outputs: list[dict[str, np.ndarray]]) -> dict[str, float]:
+        totals = {k: sum(float(o[k]) for o in outputs) for k in outputs[0]}
+        tokens = max(totals["tokens"], 1.0)
+        loss = totals["loss_sum"] / tokens
+        return {
+            "eval_loss": loss,
+            "eval_accuracy": totals["correct"] / tokens,
+            "eval_perplexity": math.exp(min(loss, 50.0)),
+        }
+
+    def model_flops_per_step(self, batch_size: int, datasets: Datasets | None) -> float:
+        d = self.config.data
+        return t5.train_flops_per_step(
+            self.config.model, rows=batch_size, source_len=d.source_len, target_len=d.target_len
+        )
+
+    def examples_per_step(self, batch_size: int) -> int:
+        return batch_size * self.config.data.target_len
+
+    def write_artifacts(self, datasets: Datasets, run_dir: Path, *, resuming: bool) -> None:
+        """The run's tokenizer (``spm.model``); a run that resumes keeps the one it has."""
+        path = run_dir / TOKENIZER_FILE
+        if path.is_file() and path.read_bytes() == datasets.meta.tokenizer:
+            return
+        if resuming and path.is_file():
+            raise ConfigError(
+                "data.path",
+                f"{path} differs from the tokenizer this run would use; use a new run_dir",
+            )
+        pt.Tokenizer(datasets.meta.tokenizer, name=str(path)).save(path)
+
+
+WORKLOAD = Translation
