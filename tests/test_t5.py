@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 import hopperjax
+from hopperjax import workloads
 from hopperjax.config import RematConfig
 from hopperjax.data import parallel_text as pt
-from hopperjax.models import t5
+from hopperjax.data.grain_io import ProcessShard
+from hopperjax.models import decoding, t5
 
 CONFIG = t5.T5Config(vocab_size=40, d_model=32, n_heads=2, encoder_layers=2, decoder_layers=2,
                      mlp_dim=64, dropout=0.0)  # fmt: skip
@@ -75,3 +77,57 @@ def test_config_errors_name_the_key():
         t5.T5Config(d_model=32, n_heads=3).validate()
     with pytest.raises(hopperjax.ConfigError, match=r"model\.dropout"):
         t5.T5Config(dropout=1.0).validate()
+
+
+def _markov_logits(table: np.ndarray):
+    """A decoder whose next-token distribution depends on the previous token alone."""
+    log_table = jnp.log(jnp.asarray(table))
+
+    def logits_fn(inputs, rows):
+        del rows
+        return log_table[inputs]  # inputs are the previous tokens (padding first)
+
+    return logits_fn
+
+
+def test_beam_search_finds_the_likelier_sentence_greedy_misses():
+    # Tokens: 0 pad, 1 eos, 2 A, 3 B. Greedy takes A (0.6) then eos (0.35): 0.21; the beam
+    # finds B (0.4) then eos (0.99): 0.396.
+    table = np.full((4, 4), 1e-6)
+    table[0] = [1e-6, 1e-6, 0.6, 0.4]
+    table[2] = [1e-6, 0.35, 0.33, 0.32]
+    table[3] = [1e-6, 0.99, 0.005, 0.005]
+    table[1] = [1.0, 1e-6, 1e-6, 1e-6]
+    fn = _markov_logits(table)
+    greedy = np.asarray(decoding.greedy(fn, 2, 4))
+    assert greedy[0, :2].tolist() == [2, 1] and (greedy[:, 2:] == 0).all()
+    beam = np.asarray(decoding.beam_search(fn, 2, 4, beams=2, length_penalty=0.0))
+    assert beam[0, :2].tolist() == [3, 1] and (beam[:, 2:] == 0).all()
+    np.testing.assert_array_equal(
+        np.asarray(decoding.beam_search(fn, 2, 4, beams=1, length_penalty=0.0)), greedy
+    )
+
+
+def test_translate_greedy_equals_one_beam_on_a_real_model(tmp_path):
+    config = hopperjax.load_config(
+        None,
+        ["workload=translation", *workloads.get("translation").smoke_overrides,
+         f"run_dir={tmp_path}"],
+    )  # fmt: skip
+    workload = workloads.get("translation")(config)
+    datasets = workload.build_datasets(ProcessShard())
+    tokenizer = pt.Tokenizer(datasets.meta.tokenizer, name="smoke")
+    model = workload.build_model(hopperjax.get_policy("fp32"), RematConfig())
+    batch = next(iter(datasets.train))
+    variables = jax.jit(model.init)(
+        jax.random.key(0), *[jnp.asarray(x) for x in workload.model_inputs(batch)]
+    )
+    sentences = ["a red dog runs .", "the child sees a big car ."]
+    greedy = workload.translate(model, variables, tokenizer, sentences, batch=2, beams=1)
+    ids = np.zeros((2, config.data.source_len), np.int32)
+    for row, encoded in enumerate(tokenizer.encode(sentences)):
+        ids[row, : len(encoded)] = encoded
+    one_beam = workload.translator(model, batch=2, beams=1)(variables, ids)
+    wide = workload.translator(model, batch=2, beams=3)(variables, ids)
+    assert [tokenizer.decode(x) for x in np.asarray(one_beam)] == greedy
+    assert np.asarray(wide).shape == (2, config.data.target_len)

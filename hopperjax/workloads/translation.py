@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,7 +28,7 @@ from hopperjax.config import Config, ConfigError, RematConfig
 from hopperjax.data import EpochBatches
 from hopperjax.data import parallel_text as pt
 from hopperjax.data.errors import DataError
-from hopperjax.models import t5
+from hopperjax.models import decoding, t5
 from hopperjax.precision import Policy
 from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload
 
@@ -279,6 +280,58 @@ class Translation(Workload):
 
     def examples_per_step(self, batch_size: int) -> int:
         return batch_size * self.config.data.target_len
+
+    # ------------------------------------------------------------------------------------------
+    # Decoding
+
+    def translator(
+        self, model: t5.T5, *, batch: int, max_len: int | None = None, beams: int = 1,
+        length_penalty: float = 0.6,
+    ) -> Callable[[dict[str, Any], np.ndarray], jax.Array]:  # fmt: skip
+        """A jitted ``(variables, source ids [batch, source_len]) -> target ids [batch,
+        max_len]``: one sentence per row (ids after the sentence's ``EOS_ID`` are padding);
+        greedy with ``beams=1``, else beam search (``models/decoding.py``)."""
+        max_len = max_len or self.config.data.target_len
+
+        @jax.jit
+        def run(variables: dict[str, Any], source: jax.Array) -> jax.Array:
+            segments = (source != pt.PAD_ID).astype(jnp.int32)
+            positions = jnp.broadcast_to(jnp.arange(source.shape[1]), source.shape)
+            encoded = model.apply(variables, source, segments, positions, method=t5.T5.encode)
+            target_positions = jnp.arange(max_len)
+
+            def logits_fn(inputs: jax.Array, rows: jax.Array) -> jax.Array:
+                return model.apply(
+                    variables, encoded[rows], segments[rows], inputs, jnp.ones_like(inputs),
+                    jnp.broadcast_to(target_positions, inputs.shape), method=t5.T5.decode,
+                )  # fmt: skip
+
+            if beams == 1:
+                return decoding.greedy(logits_fn, batch, max_len)
+            return decoding.beam_search(
+                logits_fn, batch, max_len, beams=beams, length_penalty=length_penalty
+            )
+
+        return run
+
+    def translate(
+        self, model: t5.T5, variables: dict[str, Any], tokenizer: pt.Tokenizer,
+        sentences: list[str], *, batch: int = 32, beams: int = 1, length_penalty: float = 0.6,
+    ) -> list[str]:  # fmt: skip
+        """``sentences`` translated, ``batch`` at a time (the last batch padded)."""
+        run = self.translator(model, batch=batch, beams=beams, length_penalty=length_penalty)
+        source_len = self.config.data.source_len
+        out = []
+        for start in range(0, len(sentences), batch):
+            chunk = sentences[start : start + batch]
+            ids = np.zeros((batch, source_len), np.int32)
+            for row, encoded in enumerate(tokenizer.encode(chunk)):
+                encoded = encoded[:source_len]
+                encoded[-1] = pt.EOS_ID
+                ids[row, : len(encoded)] = encoded
+            result = np.asarray(run(variables, ids))
+            out.extend(tokenizer.decode(result[row]) for row in range(len(chunk)))
+        return out
 
     def write_artifacts(self, datasets: Datasets, run_dir: Path, *, resuming: bool) -> None:
         """The run's tokenizer (``spm.model``); a run that resumes keeps the one it has."""
