@@ -131,3 +131,20 @@ def test_translate_greedy_equals_one_beam_on_a_real_model(tmp_path):
     wide = workload.translator(model, batch=2, beams=3)(variables, ids)
     assert [tokenizer.decode(x) for x in np.asarray(one_beam)] == greedy
     assert np.asarray(wide).shape == (2, config.data.target_len)
+
+
+def test_translate_cli_prints_one_line_per_sentence_and_errors_are_one_line(tmp_path, capsys):
+    from hopperjax import translate
+
+    overrides = ["workload=translation", *workloads.get("translation").smoke_overrides,
+                 f"run_dir={tmp_path / 'run'}", "train.steps=30", "train.eval_every=30",
+                 "train.checkpoint_every=30", "train.log_every=10"]  # fmt: skip
+    result = hopperjax.train(hopperjax.load_config(None, overrides), console=False)
+    assert [r["step"] for r in result.history if "eval_loss" in r] == [30]
+    assert (tmp_path / "run" / "spm.model").is_file()
+    argv = ["--run-dir", str(tmp_path / "run"), "a red dog .", "--beams", "2", "the man runs ."]
+    assert translate.main(argv) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert translate.main(["--run-dir", str(tmp_path / "nowhere"), "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hopperjax.translate: --run-dir:") and err.count("\n") == 1
