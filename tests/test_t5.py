@@ -99,16 +99,22 @@ def test_beam_search_finds_the_likelier_sentence_greedy_misses():
     table[3] = [1e-6, 0.99, 0.005, 0.005]
     table[1] = [1.0, 1e-6, 1e-6, 1e-6]
     fn = _markov_logits(table)
-    greedy = np.asarray(decoding.greedy(fn, 2, 4))
+
+    def stepper(beams):
+        return decoding.uncached(fn, jnp.repeat(jnp.arange(2), beams))
+
+    greedy = np.asarray(decoding.greedy(stepper(1), 2, 4))
     assert greedy[0, :2].tolist() == [2, 1] and (greedy[:, 2:] == 0).all()
-    beam = np.asarray(decoding.beam_search(fn, 2, 4, beams=2, length_penalty=0.0))
+    beam = np.asarray(decoding.beam_search(stepper(2), 2, 4, beams=2, length_penalty=0.0))
     assert beam[0, :2].tolist() == [3, 1] and (beam[:, 2:] == 0).all()
     np.testing.assert_array_equal(
-        np.asarray(decoding.beam_search(fn, 2, 4, beams=1, length_penalty=0.0)), greedy
+        np.asarray(decoding.beam_search(stepper(1), 2, 4, beams=1, length_penalty=0.0)), greedy
     )
 
 
-def test_translate_greedy_equals_one_beam_on_a_real_model(tmp_path):
+def test_cached_decoding_equals_uncached_and_one_beam_equals_greedy(tmp_path):
+    """On a (randomly initialized) model: the key-value cache gives the tokens the full-prefix
+    decoder gives, greedy and beam search; one beam is greedy; translate decodes text."""
     config = hopperjax.load_config(
         None,
         ["workload=translation", *workloads.get("translation").smoke_overrides,
@@ -127,10 +133,13 @@ def test_translate_greedy_equals_one_beam_on_a_real_model(tmp_path):
     ids = np.zeros((2, config.data.source_len), np.int32)
     for row, encoded in enumerate(tokenizer.encode(sentences)):
         ids[row, : len(encoded)] = encoded
-    one_beam = workload.translator(model, batch=2, beams=1)(variables, ids)
-    wide = workload.translator(model, batch=2, beams=3)(variables, ids)
-    assert [tokenizer.decode(x) for x in np.asarray(one_beam)] == greedy
-    assert np.asarray(wide).shape == (2, config.data.target_len)
+    for beams in (1, 3):
+        fast = workload.translator(model, batch=2, beams=beams)(variables, ids)
+        slow = workload.translator(model, batch=2, beams=beams, cache=False)(variables, ids)
+        np.testing.assert_array_equal(np.asarray(fast), np.asarray(slow))
+        assert (np.asarray(fast)[:, :3] != pt.PAD_ID).all()  # it decoded something
+        if beams == 1:
+            assert [tokenizer.decode(x) for x in np.asarray(fast)] == greedy
 
 
 def test_translate_cli_prints_one_line_per_sentence_and_errors_are_one_line(tmp_path, capsys):

@@ -1,89 +1,127 @@
 """Autoregressive decoding for encoder-decoder models: greedy and beam search, jitted and batched.
 
-Both take ``logits_fn(target_inputs, rows)``: the decoder's logits [rows, length, vocab] for
-teacher-forced inputs [rows, length] (padding id 0 first, as in training), given which encoded
-source row each input row belongs to (``rows``, for beams). They fill one position per step of a
-``lax`` loop over a fixed ``max_len``, so a decode compiles once; every step runs the decoder
-over the whole prefix (no cache: O(max_len^2) work, simple and exact).
+Both fill one position per step of a ``lax`` loop over a fixed ``max_len`` (a decode compiles
+once) from a ``Stepper``: what gives the next position's logits. Two exist:
+
+- ``uncached(logits_fn)``: ``logits_fn(target_inputs, rows)`` runs the decoder over the whole
+  prefix every step (the training path; O(max_len^2) work): the reference.
+- ``cached(step_fn, cache)``: ``step_fn(previous_tokens, cache) -> (logits, cache)`` runs one
+  position, keys and values of the earlier ones kept in ``cache`` (a pytree whose arrays carry
+  the decoded rows on axis 1, after the layer axis): what decoding uses.
+
+A test checks they give the same tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 PAD_ID, EOS_ID = 0, 1
-LogitsFn = Callable[[jax.Array, jax.Array], jax.Array]
 
 
-def _shift_right(tokens: jax.Array) -> jax.Array:
-    return jnp.pad(tokens, ((0, 0), (1, 0)), constant_values=PAD_ID)[:, :-1]
+@dataclasses.dataclass(frozen=True)
+class Stepper:
+    """``next(tokens [rows, max_len], i, state) -> (logits [rows, vocab], state)`` for position
+    ``i``; ``reorder(state, parents)`` keeps the state of rows ``parents`` (beam search);
+    ``state`` the initial state."""
+
+    next: Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
+    reorder: Callable[[Any, jax.Array], Any]
+    state: Any
 
 
-def greedy(logits_fn: LogitsFn, batch: int, max_len: int) -> jax.Array:
+def uncached(logits_fn: Callable[[jax.Array, jax.Array], jax.Array], rows: jax.Array) -> Stepper:
+    """The decoder over the whole prefix each step; ``rows``: each decoded row's source row."""
+
+    def next_logits(tokens, i, state):
+        inputs = jnp.pad(tokens, ((0, 0), (1, 0)), constant_values=PAD_ID)[:, :-1]
+        return jnp.take(logits_fn(inputs, state), i, axis=1), state
+
+    return Stepper(next_logits, lambda state, parents: state[parents], rows)
+
+
+def cached(step_fn: Callable[[jax.Array, Any], tuple[jax.Array, Any]], cache: Any) -> Stepper:
+    """One position per step; ``step_fn(previous [rows, 1], cache) -> (logits [rows, 1, vocab],
+    cache)``."""
+
+    def next_logits(tokens, i, cache):
+        previous = jnp.where(i == 0, PAD_ID, jnp.take(tokens, jnp.maximum(i - 1, 0), axis=1))
+        logits, cache = step_fn(previous[:, None], cache)
+        return logits[:, 0], cache
+
+    def reorder(cache, parents):
+        return jax.tree.map(lambda x: x[:, parents] if x.ndim >= 2 else x, cache)
+
+    return Stepper(next_logits, reorder, cache)
+
+
+def greedy(stepper: Stepper, batch: int, max_len: int) -> jax.Array:
     """The most likely token at each position, until ``EOS_ID`` (then padding): [batch,
     max_len] int32."""
-    rows = jnp.arange(batch)
 
-    def step(i, state):
-        tokens, done = state
-        logits = logits_fn(_shift_right(tokens), rows)[:, i]
+    def step(i, carry):
+        tokens, done, state = carry
+        logits, state = stepper.next(tokens, i, state)
+        logits = logits.at[:, PAD_ID].set(-jnp.inf)  # padding is never an output
         token = jnp.where(done, PAD_ID, jnp.argmax(logits, axis=-1).astype(jnp.int32))
-        return tokens.at[:, i].set(token), done | (token == EOS_ID)
+        return tokens.at[:, i].set(token), done | (token == EOS_ID), state
 
-    init = (jnp.zeros((batch, max_len), jnp.int32), jnp.zeros((batch,), bool))
+    init = (jnp.zeros((batch, max_len), jnp.int32), jnp.zeros((batch,), bool), stepper.state)
     return jax.lax.fori_loop(0, max_len, step, init)[0]
 
 
 def beam_search(
-    logits_fn: LogitsFn, batch: int, max_len: int, *, beams: int = 4, length_penalty: float = 0.6
+    stepper: Stepper, batch: int, max_len: int, *, beams: int, length_penalty: float = 0.6
 ) -> jax.Array:
-    """The best of ``beams`` hypotheses per row by log-probability / length-penalty (GNMT's
+    """The best of ``beams`` hypotheses per row by log-probability / length penalty (GNMT's
     ((5 + length) / 6) ** alpha; alpha 0 ranks by log-probability alone): [batch, max_len].
 
+    The stepper decodes ``batch * beams`` rows (row r's hypotheses are rows r * beams ...).
     Finished hypotheses (ended in ``EOS_ID``) keep their score and extend only with padding;
     with ``beams=1`` this is greedy decoding.
     """
     k = beams
-    rows = jnp.repeat(jnp.arange(batch), k)  # the source row of every hypothesis
     neg = jnp.finfo(jnp.float32).min / 4
 
     def penalty(length):
         return ((5.0 + length) / 6.0) ** length_penalty
 
-    def step(i, state):
-        tokens, scores, done = state  # [B*K, T], [B, K], [B, K]
-        logits = logits_fn(_shift_right(tokens), rows)[:, i].astype(jnp.float32)
+    def step(i, carry):
+        tokens, scores, done, state = carry  # [B*K, T], [B, K], [B, K], stepper state
+        logits, state = stepper.next(tokens, i, state)
+        logits = logits.astype(jnp.float32).at[:, PAD_ID].set(-jnp.inf)  # never an output
         logp = jax.nn.log_softmax(logits).reshape(batch, k, -1)
         vocab = logp.shape[-1]
-        # A finished hypothesis continues only with padding, at no cost.
-        pad_only = jnp.full((vocab,), neg).at[PAD_ID].set(0.0)
+        pad_only = jnp.full((vocab,), neg).at[PAD_ID].set(0.0)  # a finished hypothesis
         logp = jnp.where(done[..., None], pad_only, logp)
         total = scores[..., None] + logp  # [B, K, V]
-        if_first = jnp.where(jnp.arange(k) == 0, 0.0, neg)  # step 0: all beams are one
-        total = jnp.where(i == 0, total + if_first[None, :, None], total)
+        first = jnp.where(jnp.arange(k) == 0, 0.0, neg)  # step 0: the beams are one
+        total = jnp.where(i == 0, total + first[None, :, None], total)
         flat = total.reshape(batch, k * vocab)
         # Rank by the length-penalized score; keep the raw sum to extend.
-        ended = jnp.sum(tokens.reshape(batch, k, -1) != PAD_ID, axis=-1)  # tokens so far
-        grown = jnp.where(done, ended, ended + 1)[..., None].repeat(vocab, -1).reshape(batch, -1)
-        ranked = flat / penalty(grown.astype(jnp.float32))
+        length = jnp.sum(tokens.reshape(batch, k, -1) != PAD_ID, axis=-1)
+        length = jnp.where(done, length, length + 1).astype(jnp.float32)
+        ranked = flat / jnp.repeat(penalty(length), vocab, axis=-1)
         _, best = jax.lax.top_k(ranked, k)  # [B, K]
         parent, token = best // vocab, (best % vocab).astype(jnp.int32)
-        new_scores = jnp.take_along_axis(flat, best, axis=-1)
         parents = (jnp.arange(batch)[:, None] * k + parent).reshape(-1)
         tokens = tokens[parents].at[:, i].set(token.reshape(-1))
-        was_done = jnp.take_along_axis(done, parent, axis=-1)
-        done = was_done | (token == EOS_ID)
-        return tokens, new_scores, done
+        done = jnp.take_along_axis(done, parent, axis=-1) | (token == EOS_ID)
+        scores = jnp.take_along_axis(flat, best, axis=-1)
+        return tokens, scores, done, stepper.reorder(state, parents)
 
     init = (
         jnp.zeros((batch * k, max_len), jnp.int32),
         jnp.zeros((batch, k), jnp.float32),
         jnp.zeros((batch, k), bool),
+        stepper.state,
     )
-    tokens, scores, _ = jax.lax.fori_loop(0, max_len, step, init)
+    tokens, scores, _, _ = jax.lax.fori_loop(0, max_len, step, init)
     lengths = jnp.sum(tokens.reshape(batch, k, -1) != PAD_ID, axis=-1).astype(jnp.float32)
     best = jnp.argmax(scores / penalty(lengths), axis=-1)
     return tokens.reshape(batch, k, -1)[jnp.arange(batch), best]

@@ -20,6 +20,7 @@ import math
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from hopperjax import config as config_lib
@@ -106,11 +107,17 @@ def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Arra
 
 class _Attention(nn.Module):
     """Multi-head attention; self-attention (RoPE on ``positions``) when ``memory`` is None,
-    else cross-attention from x to ``memory`` (no positions)."""
+    else cross-attention from x to ``memory`` (no positions).
+
+    ``cache_len``: decoding one position per call. Self-attention then keeps the keys and values
+    of the positions so far in the ``cache`` collection ([batch, cache_len, heads, head_dim] and
+    the next index) and attends over them; ``mask`` is ignored (a position sees the cached ones).
+    """
 
     config: T5Config
     policy: Policy
     causal: bool = False
+    cache_len: int | None = None
 
     @nn.compact
     def __call__(self, x, mask, positions=None, memory=None):
@@ -131,6 +138,8 @@ class _Attention(nn.Module):
             q = layers.rope(q, positions, cfg.rope_theta)
             k = layers.rope(k, positions, cfg.rope_theta)
             tag, out_name = "attention", "attn_out"
+            if self.cache_len is not None:
+                k, v, mask = self._cached(k, v)
         else:
             q = layers.dense(
                 (heads, head_dim),
@@ -151,7 +160,12 @@ class _Attention(nn.Module):
             k, v = kv[:, :, 0], kv[:, :, 1]
             tag, out_name = "cross_attention", "cross_out"
         out = layers.attention(
-            q, k, v, causal=self.causal, mask=mask, implementation=policy.attention
+            q,
+            k,
+            v,
+            causal=self.causal and self.cache_len is None,
+            mask=mask,
+            implementation=policy.attention,
         )
         out = checkpoint_name(out, tag)
         out = layers.dense(
@@ -163,6 +177,21 @@ class _Attention(nn.Module):
             name=out_name,
         )(out)
         return checkpoint_name(out, out_name)
+
+    def _cached(self, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Writes this position's key and value at the cache's index; returns every cached key
+        and value and the mask of the positions written so far."""
+        batch, _, heads, head_dim = k.shape
+        shape = (batch, self.cache_len, heads, head_dim)
+        keys = self.variable("cache", "keys", jnp.zeros, shape, k.dtype)
+        values = self.variable("cache", "values", jnp.zeros, shape, v.dtype)
+        index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+        i = index.value
+        keys.value = jax.lax.dynamic_update_slice(keys.value, k, (0, i, 0, 0))
+        values.value = jax.lax.dynamic_update_slice(values.value, v, (0, i, 0, 0))
+        index.value = i + 1
+        seen = jnp.arange(self.cache_len) <= i
+        return keys.value, values.value, jnp.broadcast_to(seen, (batch, 1, 1, self.cache_len))
 
 
 class _GatedMLP(nn.Module):
@@ -224,15 +253,16 @@ class DecoderBlock(nn.Module):
     config: T5Config
     policy: Policy
     deterministic: bool = True
+    cache_len: int | None = None  # decoding one position per call (``_Attention``)
 
     @nn.compact
     def __call__(self, x, positions, self_mask, memory, cross_mask):
         cfg, policy = self.config, self.policy
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
         h = _norm(cfg, policy, "attn_norm")(x)
-        x = x + drop(
-            _Attention(cfg, policy, causal=True, name="attention")(h, self_mask, positions)
-        )
+        attention = _Attention(cfg, policy, causal=True, cache_len=self.cache_len,
+                               name="attention")  # fmt: skip
+        x = x + drop(attention(h, self_mask, positions))
         h = _norm(cfg, policy, "cross_norm")(x)
         x = x + drop(_Attention(cfg, policy, name="cross")(h, cross_mask, memory=memory))
         x = x + drop(_GatedMLP(cfg, policy, name="mlp")(_norm(cfg, policy, "mlp_norm")(x)))
@@ -248,17 +278,19 @@ def _stack(
     deterministic: bool,
     name: str,
     n_inputs: int,
+    **fields: object,
 ) -> nn.Module:
-    """``n`` blocks as one ``nn.scan`` over a stacked "layers" parameter axis."""
+    """``n`` blocks as one ``nn.scan`` over a stacked "layers" axis of their parameters (and of
+    a decoding cache); ``fields``: the blocks' other attributes."""
     return nn.scan(
         remat_block(block, remat),
-        variable_axes={"params": 0, FP8_COLLECTION: 0},
+        variable_axes={"params": 0, FP8_COLLECTION: 0, "cache": 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast,) * n_inputs,
         length=n,
         unroll=min(cfg.scan_unroll, n),
         metadata_params={nn.PARTITION_NAME: "layers"},
-    )(cfg, policy, deterministic, name=name)
+    )(cfg, policy, deterministic, name=name, **fields)
 
 
 def _embed(embed: nn.Module, cfg: T5Config, policy: Policy, tokens, deterministic):
@@ -304,12 +336,13 @@ class Decoder(nn.Module):
         target_segments,
         target_positions,
         deterministic=True,
+        cache_len=None,
     ):
         cfg, policy = self.config, self.policy
         x = _embed(self.embed, cfg, policy, target_inputs, deterministic)
-        stack = _stack(
-            DecoderBlock, cfg.decoder_layers, cfg, policy, self.remat, deterministic, "blocks", 4
-        )
+        extra = {} if cache_len is None else {"cache_len": cache_len}
+        stack = _stack(DecoderBlock, cfg.decoder_layers, cfg, policy, self.remat, deterministic,
+                       "blocks", 4, **extra)  # fmt: skip
         x = stack(
             x,
             target_positions,
@@ -382,6 +415,14 @@ class T5(nn.Module):
             target_positions,
             deterministic,
         )
+
+    def decode_step(self, encoded, source_segments, previous, positions, *, cache_len):
+        """One decoder position for every row: ``previous`` [B, 1] (the last output token,
+        ``PAD_ID`` first) at ``positions`` [B, 1] -> logits [B, 1, vocab]; the keys and values
+        of the earlier positions live in the ``cache`` collection ([layers, B, cache_len, ...]),
+        which the call must be allowed to mutate."""
+        return self.decoder(encoded, source_segments, previous, jnp.ones_like(previous),
+                            positions, True, cache_len)  # fmt: skip
 
     def __call__(
         self,

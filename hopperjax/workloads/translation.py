@@ -286,11 +286,13 @@ class Translation(Workload):
 
     def translator(
         self, model: t5.T5, *, batch: int, max_len: int | None = None, beams: int = 1,
-        length_penalty: float = 0.6,
+        length_penalty: float = 0.6, cache: bool = True,
     ) -> Callable[[dict[str, Any], np.ndarray], jax.Array]:  # fmt: skip
         """A jitted ``(variables, source ids [batch, source_len]) -> target ids [batch,
         max_len]``: one sentence per row (ids after the sentence's ``EOS_ID`` are padding);
-        greedy with ``beams=1``, else beam search (``models/decoding.py``)."""
+        greedy with ``beams=1``, else beam search (``models/decoding.py``), one decoder position
+        per step with a key-value cache (``cache=False``: the whole prefix every step, the
+        reference the cache is tested against)."""
         max_len = max_len or self.config.data.target_len
 
         @jax.jit
@@ -298,21 +300,48 @@ class Translation(Workload):
             segments = (source != pt.PAD_ID).astype(jnp.int32)
             positions = jnp.broadcast_to(jnp.arange(source.shape[1]), source.shape)
             encoded = model.apply(variables, source, segments, positions, method=t5.T5.encode)
-            target_positions = jnp.arange(max_len)
+            rows = jnp.repeat(jnp.arange(batch), beams)
+            encoded, segments = encoded[rows], segments[rows]
+            if cache:
+                stepper = self._cached_stepper(model, variables, encoded, segments, max_len)
+            else:
 
-            def logits_fn(inputs: jax.Array, rows: jax.Array) -> jax.Array:
-                return model.apply(
-                    variables, encoded[rows], segments[rows], inputs, jnp.ones_like(inputs),
-                    jnp.broadcast_to(target_positions, inputs.shape), method=t5.T5.decode,
-                )  # fmt: skip
+                def logits_fn(inputs: jax.Array, state: jax.Array) -> jax.Array:
+                    del state
+                    target_positions = jnp.broadcast_to(jnp.arange(max_len), inputs.shape)
+                    return model.apply(
+                        variables, encoded, segments, inputs, jnp.ones_like(inputs),
+                        target_positions, method=t5.T5.decode,
+                    )  # fmt: skip
 
+                stepper = decoding.uncached(logits_fn, rows)
             if beams == 1:
-                return decoding.greedy(logits_fn, batch, max_len)
+                return decoding.greedy(stepper, batch, max_len)
             return decoding.beam_search(
-                logits_fn, batch, max_len, beams=beams, length_penalty=length_penalty
+                stepper, batch, max_len, beams=beams, length_penalty=length_penalty
             )
 
         return run
+
+    @staticmethod
+    def _cached_stepper(model, variables, encoded, segments, max_len) -> decoding.Stepper:
+        rows = encoded.shape[0]
+        kwargs = dict(method=t5.T5.decode_step, cache_len=max_len)
+        probe = (jnp.zeros((rows, 1), jnp.int32), jnp.zeros((rows, 1), jnp.int32))
+        shapes = jax.eval_shape(
+            lambda: model.apply(variables, encoded, segments, *probe, mutable=["cache"], **kwargs)
+        )[1]["cache"]
+        cache = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+        def step_fn(previous: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
+            position = _cache_index(cache)  # the position being decoded
+            logits, mutated = model.apply(
+                {**variables, "cache": cache}, encoded, segments, previous,
+                jnp.full_like(previous, position), mutable=["cache"], **kwargs,
+            )  # fmt: skip
+            return logits, mutated["cache"]
+
+        return decoding.cached(step_fn, cache)
 
     def translate(
         self, model: t5.T5, variables: dict[str, Any], tokenizer: pt.Tokenizer,
@@ -344,6 +373,13 @@ class Translation(Workload):
                 f"{path} differs from the tokenizer this run would use; use a new run_dir",
             )
         pt.Tokenizer(datasets.meta.tokenizer, name=str(path)).save(path)
+
+
+def _cache_index(cache: Any) -> jax.Array:
+    """The next position to decode: the first layer's self-attention index."""
+    indices = [x for path, x in jax.tree_util.tree_leaves_with_path(cache)
+               if str(getattr(path[-1], "key", "")) == "index"]  # fmt: skip
+    return indices[0][0]
 
 
 WORKLOAD = Translation
