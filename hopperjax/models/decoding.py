@@ -1,7 +1,8 @@
 """Autoregressive decoding for encoder-decoder models: greedy and beam search, jitted and batched.
 
-Both fill one position per step of a ``lax`` loop over a fixed ``max_len`` (a decode compiles
-once) from a ``Stepper``: what gives the next position's logits. Two exist:
+Both fill one position per step of a ``lax`` loop, up to a fixed ``max_len`` (a decode compiles
+once) or until every row has ended, from a ``Stepper``: what gives the next position's logits.
+Two exist:
 
 - ``uncached(logits_fn)``: ``logits_fn(target_inputs, rows)`` runs the decoder over the whole
   prefix every step (the training path; O(max_len^2) work): the reference.
@@ -60,6 +61,21 @@ def cached(step_fn: Callable[[jax.Array, Any], tuple[jax.Array, Any]], cache: An
     return Stepper(next_logits, reorder, cache)
 
 
+def _until_done(step: Callable[[jax.Array, Any], Any], init: Any, max_len: int, done: int) -> Any:
+    """``step(i, carry)`` for i = 0, 1, ... until ``max_len`` or every row is done (the carry's
+    item ``done``): short sentences stop the loop early."""
+
+    def cond(state):
+        i, carry = state
+        return (i < max_len) & ~jnp.all(carry[done])
+
+    def body(state):
+        i, carry = state
+        return i + 1, step(i, carry)
+
+    return jax.lax.while_loop(cond, body, (jnp.asarray(0), init))[1]
+
+
 def greedy(stepper: Stepper, batch: int, max_len: int) -> jax.Array:
     """The most likely token at each position, until ``EOS_ID`` (then padding): [batch,
     max_len] int32."""
@@ -72,7 +88,7 @@ def greedy(stepper: Stepper, batch: int, max_len: int) -> jax.Array:
         return tokens.at[:, i].set(token), done | (token == EOS_ID), state
 
     init = (jnp.zeros((batch, max_len), jnp.int32), jnp.zeros((batch,), bool), stepper.state)
-    return jax.lax.fori_loop(0, max_len, step, init)[0]
+    return _until_done(step, init, max_len, done=1)[0]
 
 
 def beam_search(
@@ -121,7 +137,7 @@ def beam_search(
         jnp.zeros((batch, k), bool),
         stepper.state,
     )
-    tokens, scores, _, _ = jax.lax.fori_loop(0, max_len, step, init)
+    tokens, scores, _, _ = _until_done(step, init, max_len, done=2)
     lengths = jnp.sum(tokens.reshape(batch, k, -1) != PAD_ID, axis=-1).astype(jnp.float32)
     best = jnp.argmax(scores / penalty(lengths), axis=-1)
     return tokens.reshape(batch, k, -1)[jnp.arange(batch), best]
