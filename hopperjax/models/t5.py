@@ -382,12 +382,16 @@ class T5(nn.Module):
 
     def setup(self) -> None:
         cfg, policy = self.config, self.policy
+        # Embeddings start at std d_model ** -0.5: with the tied head's d_model ** -0.5 scale,
+        # the logit of the input token itself (the residual stream still carries it at init)
+        # is ~1, not ~sqrt(d_model) (16 at d_model 256: a first loss of 15.9 against ln(vocab)
+        # 9.0, measured with std 1).
         embed = layers.embed(
             cfg.vocab_size,
             cfg.d_model,
             axes=("vocab", "embed"),
             policy=policy,
-            std=1.0,
+            std=cfg.d_model**-0.5,
             name="token_embed",
         )
         self.token_embed = embed
