@@ -146,10 +146,10 @@ def test_translate_cli_prints_one_line_per_sentence_and_errors_are_one_line(tmp_
     from hopperjax import translate
 
     overrides = ["workload=translation", *workloads.get("translation").smoke_overrides,
-                 f"run_dir={tmp_path / 'run'}", "train.steps=30", "train.eval_every=30",
-                 "train.checkpoint_every=30", "train.log_every=10"]  # fmt: skip
+                 f"run_dir={tmp_path / 'run'}", "train.steps=10", "train.eval_every=10",
+                 "train.checkpoint_every=10", "train.log_every=5"]  # fmt: skip
     result = hopperjax.train(hopperjax.load_config(None, overrides), console=False)
-    assert [r["step"] for r in result.history if "eval_loss" in r] == [30]
+    assert [r["step"] for r in result.history if "eval_loss" in r] == [10]
     assert (tmp_path / "run" / "spm.model").is_file()
     argv = ["--run-dir", str(tmp_path / "run"), "a red dog .", "--beams", "2", "the man runs ."]
     assert translate.main(argv) == 0
