@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check of hopperjax in one call, for a lent H200/H100 (see the device tool's README).
 #
-#   Here, once per session (fetches the wheels the device image lacks into .whl/, and copies the
-#   Davis set from ../shared/data/davis into .data/davis; both git-ignored):
+#   Here, once per session (fetches the wheels the device image lacks into .whl/, copies Davis and
+#   Multi30k from ../shared/data into .data/, packs CIFAR-10 there; both git-ignored):
 #     bash tools/gpu_check.sh --fetch-wheels
 #   On the device (carry: [".whl", ".data"], timeout_s 480):
 #     bash tools/gpu_check.sh
@@ -31,6 +31,9 @@ if [[ "${1:-}" == "--fetch-wheels" ]]; then
   grep -qxF '/.data/' .git/info/exclude 2>/dev/null || echo '/.data/' >> .git/info/exclude
   if [[ -d ../shared/data/davis ]]; then
     mkdir -p .data && rm -rf .data/davis && cp -r ../shared/data/davis .data/davis
+  fi
+  if [[ -d ../shared/data/multi30k ]]; then
+    mkdir -p .data && rm -rf .data/multi30k && cp -r ../shared/data/multi30k .data/multi30k
   fi
   # CIFAR-10's 60,000 JPEGs (57 MB) as one file of their bytes and an index: the files one by
   # one would not fit the 64 MiB a device call carries (tar or zip headers add 7-35 MB).
@@ -176,6 +179,18 @@ IMAGE_BENCH=(data.source=synthetic data.path=null data.synthetic_images=50000 --
   --pipeline-batches 10)
 check bench_image 45 "$PY" tools/bench_loop.py --config configs/cifar10_resnet.yaml precision=bf16 \
   "${IMAGE_BENCH[@]}"
+# Translation (issue 19): the Multi30k recipe in bf16, cut to 1,000 steps, then beam-search BLEU
+# and chrF on test_2016_flickr (experiments/translation_benchmark.py). Needs .data/multi30k.
+MT_SHORT=(train.steps=1000 train.eval_every=500)
+[[ -n "${SMOKE:-}" ]] && MT_SHORT=(train.steps=10 train.eval_every=10 model.d_model=32
+  model.n_heads=2 model.encoder_layers=1 model.decoder_layers=1 model.mlp_dim=64
+  model.vocab_size=1000 --curve-sentences 10)
+if [[ -d .data/multi30k ]]; then
+  check translation 90 "$PY" experiments/translation_benchmark.py --out "$LOGS/translation" \
+    data.path=.data/multi30k precision=bf16 "${MT_SHORT[@]}"
+else
+  status+=("translation skipped: no .data/multi30k")
+fi
 check inspect 30 "$PY" -m hopperjax.inspect "${BIG[@]}" --format table
 # The DTA recipe: one run of DeepDTA's protocol on Davis (valid fold 0, test fold scored once) in
 # bf16, cut to a fixed step count: wall time and test scores on the GPU. Needs .data/davis (see
@@ -207,6 +222,8 @@ check wide_fp8 170 "$PY" -m hopperjax.train "${WIDE[@]}" precision=fp8 run_dir=/
 check fp8_hlo 30 bash -c '"$0" -m hopperjax.inspect "${@}" precision=fp8 --hlo /tmp/fp8.hlo \
   --format table > /dev/null && echo "cuBLASLt fp8 GEMM calls: $(grep -c "__cublas\$lt\$matmul\$f8" /tmp/fp8.hlo)"' \
   "$PY" "${WIDE[@]}"
+[[ -f "$LOGS/translation/results.json" ]] && cp "$LOGS/translation/results.json" \
+  "$OUT/translation.json"
 [[ -f "$LOGS/cifar/results.json" ]] && cp "$LOGS/cifar/results.json" "$OUT/cifar10.json"
 [[ -f "$LOGS/cifar_init/results.json" ]] && cp "$LOGS/cifar_init/results.json" \
   "$OUT/cifar10_other_init.json"
@@ -272,6 +289,12 @@ for cifar, label in ((out / "cifar10.json", ""), (out / "cifar10_other_init.json
               f"{r['accuracy']:.2%}; {at}; {r['train_s']:.1f} s training ({r['step_s'] * 1e3:.1f} "
               f"ms/step), {r['compile_s']:.0f} s compile, {r.get('data_s', 0):.0f} s reading "
               f"data, {r['wall_s']:.0f} s wall |")
+mt = out / "translation.json"
+if mt.exists():
+    for r in json.loads(mt.read_text()):
+        print(f"| Multi30k T5 bf16, {r['step']} steps | test_2016_flickr BLEU {r['test']['bleu']:.2f}, "
+              f"chrF {r['test']['chrf']:.2f}; {r['train_s']:.0f} s training "
+              f"({r['step_s'] * 1e3:.1f} ms/step), {r['decode_s']:.0f} s decoding |")
 for p in ("bf16", "fp8"):
     wide = pathlib.Path(f"/tmp/wide_{p}/metrics.jsonl")
     rows = [json.loads(x) for x in wide.read_text().splitlines() if '"mfu"' in x][1:] if wide.exists() else []
