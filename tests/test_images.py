@@ -17,7 +17,7 @@ from PIL import Image
 
 import hopperjax
 from hopperjax.config import ConfigError, RematConfig
-from hopperjax.data import image_shards, images
+from hopperjax.data import EpochBatches, image_shards, images
 from hopperjax.data.errors import DataError
 from hopperjax.data.grain_io import ProcessShard
 from hopperjax.models import resnet
@@ -213,8 +213,8 @@ def test_training_batches_cover_each_epoch_once_split_across_processes_and_resum
         np.arange(n, dtype=np.int32),
         classes=("a",),
     )
-    one = images.EpochBatches(data, global_batch=16, rows=16, seed=3)
-    halves = [images.EpochBatches(data, 16, rows=8, offset=8 * i, seed=3) for i in range(2)]
+    one = EpochBatches(data, global_batch=16, rows=16, seed=3)
+    halves = [EpochBatches(data, 16, rows=8, offset=8 * i, seed=3) for i in range(2)]
     epochs = [np.concatenate([one[4 * e + k]["labels"] for k in range(4)]) for e in range(3)]
     for labels in epochs:
         assert len(set(labels.tolist())) == 64  # 4 batches of 16 distinct images, 6 left out
@@ -224,9 +224,9 @@ def test_training_batches_cover_each_epoch_once_split_across_processes_and_resum
         np.testing.assert_array_equal(batch["images"][:, 0, 0, 0], batch["labels"])
         joined = np.concatenate([h[i]["labels"] for h in halves])
         np.testing.assert_array_equal(joined, batch["labels"])
-    fresh = images.EpochBatches(data, global_batch=16, rows=16, seed=3)
+    fresh = EpochBatches(data, global_batch=16, rows=16, seed=3)
     np.testing.assert_array_equal(fresh[9]["labels"], one[9]["labels"])
-    ordered = images.EpochBatches(data, 16, rows=16, shuffle=False, epochs=1)
+    ordered = EpochBatches(data, 16, rows=16, shuffle=False, epochs=1)
     assert len(ordered) == 4
     np.testing.assert_array_equal(ordered[1]["labels"], np.arange(16, 32))
 
@@ -472,9 +472,9 @@ def test_shard_reads_of_padding_alone_and_batches_too_large_for_the_data(tmp_pat
     assert (tail["labels"] == -1).all() and not tail["images"].any()
     np.testing.assert_array_equal(records.batch(np.arange(6))["images"], PIXELS)
     with pytest.raises(ValueError, match="a batch of 16 needs at least that many examples"):
-        images.EpochBatches(data, global_batch=16, rows=16)
+        EpochBatches(data, global_batch=16, rows=16)
     with pytest.raises(ValueError, match=r"rows \[4, 8\) are not inside a batch of 6"):
-        images.EpochBatches(data, global_batch=6, rows=4, offset=4)
+        EpochBatches(data, global_batch=6, rows=4, offset=4)
 
 
 def test_torch_init_starts_kernels_at_pytorchs_scale():

@@ -83,8 +83,7 @@ def _markov_logits(table: np.ndarray):
     """A decoder whose next-token distribution depends on the previous token alone."""
     log_table = jnp.log(jnp.asarray(table))
 
-    def logits_fn(inputs, rows):
-        del rows
+    def logits_fn(inputs):
         return log_table[inputs]  # inputs are the previous tokens (padding first)
 
     return logits_fn
@@ -98,17 +97,13 @@ def test_beam_search_finds_the_likelier_sentence_greedy_misses():
     table[2] = [1e-6, 0.35, 0.33, 0.32]
     table[3] = [1e-6, 0.99, 0.005, 0.005]
     table[1] = [1.0, 1e-6, 1e-6, 1e-6]
-    fn = _markov_logits(table)
-
-    def stepper(beams):
-        return decoding.uncached(fn, jnp.repeat(jnp.arange(2), beams))
-
-    greedy = np.asarray(decoding.greedy(stepper(1), 2, 4))
+    stepper = decoding.uncached(_markov_logits(table))
+    greedy = np.asarray(decoding.greedy(stepper, 2, 4))
     assert greedy[0, :2].tolist() == [2, 1] and (greedy[:, 2:] == 0).all()
-    beam = np.asarray(decoding.beam_search(stepper(2), 2, 4, beams=2, length_penalty=0.0))
+    beam = np.asarray(decoding.beam_search(stepper, 2, 4, beams=2, length_penalty=0.0))
     assert beam[0, :2].tolist() == [3, 1] and (beam[:, 2:] == 0).all()
     np.testing.assert_array_equal(
-        np.asarray(decoding.beam_search(stepper(1), 2, 4, beams=1, length_penalty=0.0)), greedy
+        np.asarray(decoding.beam_search(stepper, 2, 4, beams=1, length_penalty=0.0)), greedy
     )
 
 

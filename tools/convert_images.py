@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import grain
 
 from hopperjax.config import DataConfig
-from hopperjax.data import image_shards, images, make_iterator
+from hopperjax.data import EpochBatches, image_shards, images, make_iterator
 from hopperjax.data.errors import DataError
 
 
@@ -43,7 +43,7 @@ def read(args: argparse.Namespace, split: str, classes=None, *, preload: bool = 
 
 def bench(source, *, workers: int, batch_size: int, batches: int) -> float:
     """Images per second through EpochBatches -> (workers), after the first batch."""
-    ds = grain.MapDataset.source(images.EpochBatches(source, batch_size, batch_size))
+    ds = grain.MapDataset.source(EpochBatches(source, batch_size, batch_size))
     it = make_iterator(ds, DataConfig(workers=workers))
     next(it)  # worker start-up is not throughput
     start = time.perf_counter()

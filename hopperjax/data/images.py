@@ -30,7 +30,6 @@ import numpy as np
 
 from hopperjax.data import safe_pickle
 from hopperjax.data.errors import DataError, one_line
-from hopperjax.data.grain_io import EpochBatches  # noqa: F401  (images.EpochBatches)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 CIFAR_SIDE = 32

@@ -4,11 +4,11 @@ Both fill one position per step of a ``lax`` loop, up to a fixed ``max_len`` (a 
 once) or until every row has ended, from a ``Stepper``: what gives the next position's logits.
 Two exist:
 
-- ``uncached(logits_fn)``: ``logits_fn(target_inputs, rows)`` runs the decoder over the whole
-  prefix every step (the training path; O(max_len^2) work): the reference.
-- ``cached(step_fn, cache)``: ``step_fn(previous_tokens, cache) -> (logits, cache)`` runs one
-  position, keys and values of the earlier ones kept in ``cache`` (a pytree whose arrays carry
-  the decoded rows on axis 1, after the layer axis): what decoding uses.
+- ``uncached(logits_fn)``: ``logits_fn(target_inputs)`` runs the decoder over the whole prefix
+  every step (the training path; O(max_len^2) work): the reference.
+- ``cached(step_fn, cache)``: ``step_fn(previous_tokens, position, cache) -> (logits, cache)``
+  runs one position, keys and values of the earlier ones kept in ``cache`` (a pytree whose
+  arrays carry the decoded rows on axis 1, after the layer axis): what decoding uses.
 
 A test checks they give the same tokens.
 """
@@ -36,23 +36,26 @@ class Stepper:
     state: Any
 
 
-def uncached(logits_fn: Callable[[jax.Array, jax.Array], jax.Array], rows: jax.Array) -> Stepper:
-    """The decoder over the whole prefix each step; ``rows``: each decoded row's source row."""
+def uncached(logits_fn: Callable[[jax.Array], jax.Array]) -> Stepper:
+    """The decoder over the whole prefix each step (no state: a row's source is fixed by its
+    index, and beam search reorders hypotheses only within a source row)."""
 
     def next_logits(tokens, i, state):
         inputs = jnp.pad(tokens, ((0, 0), (1, 0)), constant_values=PAD_ID)[:, :-1]
-        return jnp.take(logits_fn(inputs, state), i, axis=1), state
+        return jnp.take(logits_fn(inputs), i, axis=1), state
 
-    return Stepper(next_logits, lambda state, parents: state[parents], rows)
+    return Stepper(next_logits, lambda state, parents: state, None)
 
 
-def cached(step_fn: Callable[[jax.Array, Any], tuple[jax.Array, Any]], cache: Any) -> Stepper:
-    """One position per step; ``step_fn(previous [rows, 1], cache) -> (logits [rows, 1, vocab],
-    cache)``."""
+def cached(
+    step_fn: Callable[[jax.Array, jax.Array, Any], tuple[jax.Array, Any]], cache: Any
+) -> Stepper:
+    """One position per step; ``step_fn(previous [rows, 1], position, cache) -> (logits [rows,
+    1, vocab], cache)``."""
 
     def next_logits(tokens, i, cache):
         previous = jnp.where(i == 0, PAD_ID, jnp.take(tokens, jnp.maximum(i - 1, 0), axis=1))
-        logits, cache = step_fn(previous[:, None], cache)
+        logits, cache = step_fn(previous[:, None], i, cache)
         return logits[:, 0], cache
 
     def reorder(cache, parents):

@@ -22,7 +22,7 @@ import optax
 
 from hopperjax import config as config_lib
 from hopperjax.config import Config, ConfigError, RematConfig
-from hopperjax.data import image_shards
+from hopperjax.data import EpochBatches, image_shards
 from hopperjax.data import images as image_data
 from hopperjax.data.errors import DataError
 from hopperjax.models import resnet
@@ -252,7 +252,7 @@ class ImageClassification(Workload):
         index, count = shard.index, shard.count
         rows = shard.rows(train_cfg.batch_size)
         train_ds = grain.MapDataset.source(
-            image_data.EpochBatches(
+            EpochBatches(
                 train,
                 global_batch=rows * count,
                 rows=rows,
@@ -266,7 +266,7 @@ class ImageClassification(Workload):
         held = held.take(np.random.default_rng(0).permutation(len(held)))
         eval_rows = shard.rows(eval_batch)
         eval_ds = grain.MapDataset.source(
-            image_data.EpochBatches(
+            EpochBatches(
                 held.padded(eval_batch),
                 global_batch=eval_rows * count,
                 rows=eval_rows,

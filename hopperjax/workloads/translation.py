@@ -306,15 +306,14 @@ class Translation(Workload):
                 stepper = self._cached_stepper(model, variables, encoded, segments, max_len)
             else:
 
-                def logits_fn(inputs: jax.Array, state: jax.Array) -> jax.Array:
-                    del state
+                def logits_fn(inputs: jax.Array) -> jax.Array:
                     target_positions = jnp.broadcast_to(jnp.arange(max_len), inputs.shape)
                     return model.apply(
                         variables, encoded, segments, inputs, jnp.ones_like(inputs),
                         target_positions, method=t5.T5.decode,
                     )  # fmt: skip
 
-                stepper = decoding.uncached(logits_fn, rows)
+                stepper = decoding.uncached(logits_fn)
             if beams == 1:
                 return decoding.greedy(stepper, batch, max_len)
             return decoding.beam_search(
@@ -333,8 +332,7 @@ class Translation(Workload):
         )[1]["cache"]
         cache = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
 
-        def step_fn(previous: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
-            position = _cache_index(cache)  # the position being decoded
+        def step_fn(previous: jax.Array, position: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
             logits, mutated = model.apply(
                 {**variables, "cache": cache}, encoded, segments, previous,
                 jnp.full_like(previous, position), mutable=["cache"], **kwargs,
@@ -373,13 +371,6 @@ class Translation(Workload):
                 f"{path} differs from the tokenizer this run would use; use a new run_dir",
             )
         pt.Tokenizer(datasets.meta.tokenizer, name=str(path)).save(path)
-
-
-def _cache_index(cache: Any) -> jax.Array:
-    """The next position to decode: the first layer's self-attention index."""
-    indices = [x for path, x in jax.tree_util.tree_leaves_with_path(cache)
-               if str(getattr(path[-1], "key", "")) == "index"]  # fmt: skip
-    return indices[0][0]
 
 
 WORKLOAD = Translation
