@@ -2,14 +2,14 @@
 
     python experiments/translation_benchmark.py [--config configs/multi30k_t5.yaml]
         [--seeds 0] [--test-split test_2016_flickr] [--beams 4] [--length-penalty 0.6]
-        [--curve-sentences 200] [--out runs/translation_benchmark] [key=value ...]
+        [--out runs/translation_benchmark] [key=value ...]
 
-Per seed: one ``hopperjax.train`` of the recipe (a checkpoint kept at every evaluation), then
-BLEU on the first ``--curve-sentences`` sentences of the validation split at every checkpoint
-(the BLEU-against-steps curve, greedy: cheap), and the final checkpoint's detokenized,
-case-sensitive sacrebleu BLEU (default 13a tokenization) and chrF on the whole test split,
-decoded by beam search. Seeds already in ``OUT/results.json`` are kept (the benchmark resumes).
-Writes ``table.md`` (mean +- std over seeds, per seed its wall and training time) and
+Per seed: one ``hopperjax.train`` of the recipe, which scores BLEU on the first
+``data.generate_pairs`` validation pairs at every evaluation (``train.generate_every`` is set to
+``train.eval_every`` unless given: the BLEU-against-steps curve), then the final checkpoint's
+detokenized, case-sensitive sacrebleu BLEU (default 13a tokenization) and chrF on the whole test
+split, decoded by beam search. Seeds already in ``OUT/results.json`` are kept (the benchmark
+resumes). Writes ``table.md`` (mean +- std over seeds, per seed its wall and training time) and
 ``bleu.png``. Needs ``pip install 'hopperjax[translate]'`` (SentencePiece, sacrebleu).
 """
 
@@ -33,40 +33,22 @@ from dta_benchmark import cpu_name
 import hopperjax
 from hopperjax.data import parallel_text as pt
 from hopperjax.infer import restore_params
-
-
-def scores(hypotheses: list[str], references: list[str]) -> dict[str, float]:
-    import sacrebleu
-
-    return {
-        "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
-        "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
-    }
+from hopperjax.scoring import translation_scores
 
 
 def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Path) -> dict:
     run_dir = out / f"seed{seed}"
-    base = hopperjax.load_config(args.config, [*overrides, f"seed={seed}", f"run_dir={run_dir}"])
-    t = base.train
-    config = base.replace(
-        **{"train.checkpoint_every": t.eval_every, "train.keep_checkpoints": 10**6}
-    )
+    config = hopperjax.load_config(args.config, [*overrides, f"seed={seed}", f"run_dir={run_dir}"])
+    if config.train.generate_every is None:
+        config = config.replace(**{"train.generate_every": config.train.eval_every})
     start = time.perf_counter()
     result = hopperjax.train(config, console=False)
     train_s = time.perf_counter() - start
     d = config.data
     tokenizer = pt.Tokenizer.load(run_dir / "spm.model")
-    val = pt.read_pairs(d.path, d.eval_split, d.source_lang, d.target_lang)
     test = pt.read_pairs(d.path, args.test_split, d.source_lang, d.target_lang)
-    n = args.curve_sentences
-    curve = []
+    curve = [(r["step"], r["eval_bleu"]) for r in result.history if "eval_bleu" in r]
     steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
-    for step in steps:
-        restored = restore_params(run_dir, step)
-        hyps = restored.workload.translate(
-            restored.model, restored.variables, tokenizer, val.sources[:n], beams=1
-        )
-        curve.append((step, scores(hyps, val.targets[:n])["bleu"]))
     restored = restore_params(run_dir, steps[-1])
     decode_start = time.perf_counter()
     hyps = restored.workload.translate(
@@ -79,7 +61,7 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
     return {
         "seed": seed,
         "step": steps[-1],
-        "test": scores(hyps, test.targets),
+        "test": translation_scores(hyps, test.targets),
         "val_loss": evals[-1]["eval_loss"],
         "val_accuracy": evals[-1]["eval_accuracy"],
         "curve": curve,
@@ -123,7 +105,7 @@ def plot(runs: list[dict], path: Path) -> None:
         steps, bleu = zip(*r["curve"], strict=True)
         ax.plot(steps, bleu, marker=".", label=f"seed {r['seed']}")
     ax.set_xlabel("step")
-    ax.set_ylabel("validation BLEU (greedy, subset)")
+    ax.set_ylabel("validation BLEU (data.generate_pairs)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -136,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-split", default="test_2016_flickr")
     parser.add_argument("--beams", type=int, default=4)
     parser.add_argument("--length-penalty", type=float, default=0.6)
-    parser.add_argument("--curve-sentences", type=int, default=200)
     parser.add_argument("--out", default="runs/translation_benchmark")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_intermixed_args(argv)

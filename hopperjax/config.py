@@ -118,7 +118,10 @@ class TrainConfig:
     loop keeps up to a few steps in flight and times log windows. ``host_heap_pad_mib``: host
     memory the C heap keeps between steps instead of returning it to the kernel
     (``memory/host_heap.py``); None: on the CPU backend, enough for the compiled step's temporary
-    buffer, elsewhere nothing; 0: the allocator's default.
+    buffer, elsewhere nothing; 0: the allocator's default. ``generate_every``: every this many
+    steps (a multiple of ``eval_every``) and at the end, the eval record also carries the
+    workload's generation metrics (``Workload.generation_metrics``: text decoded and scored, e.g.
+    translation's BLEU); None: never. Only workloads that define them take it.
 
     Step counts (``steps``, ``stop_after``, ``log_every``, ``eval_every``, ``checkpoint_every``)
     are below 2**31 (``MAX_STEPS``).
@@ -138,6 +141,7 @@ class TrainConfig:
     stop_after: int | None = None
     microbatches: int = 1
     host_heap_pad_mib: int | None = None
+    generate_every: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -678,6 +682,7 @@ _STEP_KEYS = (
     "train.log_every",
     "train.eval_every",
     "train.checkpoint_every",
+    "train.generate_every",
     "optim.warmup_steps",
     "loss_scale.growth_interval",
     "profile.start_step",
@@ -730,6 +735,18 @@ def validate(config: Config) -> None:
     if t.stop_after is not None and not 0 < t.stop_after <= t.steps:
         raise ConfigError("train.stop_after", f"expected 0 < stop_after <= {t.steps}")
     _positive("train.microbatches", t.microbatches)
+    if t.generate_every is not None:
+        _positive("train.generate_every", t.generate_every)
+        if t.generate_every % t.eval_every:
+            raise ConfigError(
+                "train.generate_every",
+                f"must be a multiple of train.eval_every={t.eval_every}, got {t.generate_every}",
+            )
+        if not cls.generates():
+            raise ConfigError(
+                "train.generate_every",
+                f"workload '{config.workload}' has no generation metrics; leave it null",
+            )
     if t.batch_size % t.microbatches:
         raise ConfigError(
             "train.microbatches",

@@ -1,4 +1,5 @@
-"""Scores of affinity predictions (MSE, concordance index, rm2, Pearson) as DeepDTA reports them.
+"""Scores as the literature reports them: affinity predictions (MSE, concordance index, rm2,
+Pearson) as DeepDTA does, and translations (BLEU, chrF) as sacrebleu computes them.
 
 The Davis/KIBA drug-target affinity papers (DeepDTA and its successors) all report the same four
 numbers, so results here are comparable with theirs only if the definitions match theirs exactly:
@@ -216,4 +217,21 @@ def regression_scores(y: np.ndarray, p: np.ndarray) -> dict[str, float]:
         "ci": concordance_index(y, p),
         "rm2": rm2(y, p),
         "pearson": pearson(y, p),
+    }
+
+
+def translation_scores(hypotheses: list[str], references: list[str]) -> dict[str, float]:
+    """Corpus BLEU and chrF of detokenized ``hypotheses`` against one reference each, as the
+    machine-translation literature reports them: sacrebleu's defaults (case-sensitive, its 13a
+    tokenization for BLEU), on a 0-100 scale. Needs sacrebleu (``pip install
+    'hopperjax[translate]'``)."""
+    if len(hypotheses) != len(references) or not references:
+        raise ValueError(
+            f"expected one hypothesis per reference, got {len(hypotheses)} and {len(references)}"
+        )
+    import sacrebleu
+
+    return {
+        "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+        "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
     }

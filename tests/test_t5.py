@@ -142,9 +142,12 @@ def test_translate_cli_prints_one_line_per_sentence_and_errors_are_one_line(tmp_
 
     overrides = ["workload=translation", *workloads.get("translation").smoke_overrides,
                  f"run_dir={tmp_path / 'run'}", "train.steps=10", "train.eval_every=10",
-                 "train.checkpoint_every=10", "train.log_every=5"]  # fmt: skip
+                 "train.checkpoint_every=10", "train.log_every=5", "train.generate_every=10",
+                 "data.generate_pairs=8", "data.beams=2"]  # fmt: skip
     result = hopperjax.train(hopperjax.load_config(None, overrides), console=False)
-    assert [r["step"] for r in result.history if "eval_loss" in r] == [10]
+    [record] = [r for r in result.history if "eval_loss" in r]
+    assert record["step"] == 10
+    assert 0.0 <= record["eval_bleu"] <= 100.0 and 0.0 <= record["eval_chrf"] <= 100.0
     assert (tmp_path / "run" / "spm.model").is_file()
     argv = ["--run-dir", str(tmp_path / "run"), "a red dog .", "--beams", "2", "the man runs ."]
     assert translate.main(argv) == 0
@@ -152,3 +155,79 @@ def test_translate_cli_prints_one_line_per_sentence_and_errors_are_one_line(tmp_
     assert translate.main(["--run-dir", str(tmp_path / "nowhere"), "x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hopperjax.translate: --run-dir:") and err.count("\n") == 1
+
+
+def test_generation_metrics_score_the_held_out_references_on_their_cadence(tmp_path, monkeypatch):
+    """BLEU and chrF join the eval records every ``train.generate_every`` steps and at the end,
+    scored against the first ``data.generate_pairs`` held-out references: a translator that
+    returns exactly those references scores 100."""
+    from hopperjax.workloads.translation import Translation
+
+    overrides = ["workload=translation", *workloads.get("translation").smoke_overrides,
+                 f"run_dir={tmp_path}", "train.steps=6", "train.eval_every=2",
+                 "train.generate_every=4", "train.checkpoint_every=6", "train.log_every=2",
+                 "data.generate_pairs=30"]  # fmt: skip
+    config = hopperjax.load_config(None, overrides)
+    held = pt.synthetic_pairs(config.data.synthetic_pairs // 4, config.seed + 1)
+    reference = dict(zip(held.sources, held.targets, strict=True))
+    asked = []
+
+    def perfect(self, model, variables, tokenizer, sentences, **kwargs):
+        asked.append(list(sentences))
+        return [reference[s] for s in sentences]
+
+    monkeypatch.setattr(Translation, "translate", perfect)
+    result = hopperjax.train(config, console=False)
+    evals = {r["step"]: r for r in result.history if "eval_loss" in r}
+    assert sorted(evals) == [2, 4, 6]
+    assert "eval_bleu" not in evals[2]
+    assert evals[4]["eval_bleu"] == evals[6]["eval_bleu"] == pytest.approx(100.0)
+    assert evals[6]["eval_chrf"] == pytest.approx(100.0)
+    assert asked == [held.sources[:30]] * 2
+
+
+def test_generate_every_is_checked_against_eval_every_and_the_workload():
+    smoke = ["workload=translation", *workloads.get("translation").smoke_overrides]
+    with pytest.raises(hopperjax.ConfigError, match=r"train\.generate_every.*multiple"):
+        hopperjax.load_config(None, [*smoke, "train.eval_every=4", "train.generate_every=6"])
+    with pytest.raises(hopperjax.ConfigError, match=r"train\.generate_every.*no generation"):
+        hopperjax.load_config(None, ["train.generate_every=100"])  # language modeling
+    with pytest.raises(hopperjax.ConfigError, match=r"data\.beams"):
+        hopperjax.load_config(None, [*smoke, "data.beams=0"])
+
+
+def test_t5_base_config_is_t5_base_sized_and_shards_every_matrix_over_fsdp_and_tensor(tmp_path):
+    """configs/t5_base.yaml: ~220M parameters (T5-base's size), and on a fsdp=4 x tensor=2 mesh
+    of the 8 test devices every weight matrix is split over both axes (shapes only: nothing is
+    allocated or compiled; the README's inspect command compiles it)."""
+    from conftest import REPO
+
+    from hopperjax.optim import build_optimizer
+    from hopperjax.parallel import build_mesh, merge_rules
+    from hopperjax.trainer.components import example_inputs
+    from hopperjax.trainer.state import state_shardings
+
+    overrides = [f"data.path={tmp_path}", "mesh.data=1", "mesh.fsdp=4", "mesh.tensor=2"]
+    config = hopperjax.load_config(REPO / "configs" / "t5_base.yaml", overrides)
+    workload = workloads.get("translation")(config)
+    model = workload.build_model(hopperjax.get_policy(config.precision), config.remat)
+    tx, _ = build_optimizer(config.optim, total_steps=10, global_batch_size=8)
+    fields = workload.batch_fields(8, None)
+    example = example_inputs(
+        workload, {k: jax.ShapeDtypeStruct(f.shape, f.dtype) for k, f in fields.items()}
+    )
+    mesh = build_mesh(config.mesh)
+    abstract, shardings = state_shardings(
+        model, tx, mesh, seed=0, example_inputs=example, rules=merge_rules(workload.axis_rules())
+    )
+    params = jax.tree_util.tree_flatten_with_path(abstract.params)[0]
+    count = sum(int(np.prod(leaf.shape)) for _, leaf in params)
+    assert 215e6 < count < 230e6, count
+    specs = jax.tree_util.tree_flatten_with_path(shardings.params)[0]
+    checked = 0
+    for (path, leaf), (_, sharding) in zip(params, specs, strict=True):
+        if leaf.ndim >= 2 and np.prod(leaf.shape) >= 768 * 768:
+            axes = {a for entry in sharding.spec if entry for a in np.atleast_1d(entry)}
+            assert {"fsdp", "tensor"} <= axes, (jax.tree_util.keystr(path), sharding.spec)
+            checked += 1
+    assert checked >= 9, checked  # embedding, head, and each block kind's matrices

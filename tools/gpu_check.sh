@@ -184,7 +184,7 @@ check bench_image 45 "$PY" tools/bench_loop.py --config configs/cifar10_resnet.y
 MT_SHORT=(train.steps=1000 train.eval_every=500)
 [[ -n "${SMOKE:-}" ]] && MT_SHORT=(train.steps=10 train.eval_every=10 model.d_model=32
   model.n_heads=2 model.encoder_layers=1 model.decoder_layers=1 model.mlp_dim=64
-  model.vocab_size=1000 --curve-sentences 10)
+  model.vocab_size=1000 data.generate_pairs=10)
 if [[ -d .data/multi30k ]]; then
   check translation 90 "$PY" experiments/translation_benchmark.py --out "$LOGS/translation" \
     data.path=.data/multi30k precision=bf16 "${MT_SHORT[@]}"

@@ -52,6 +52,10 @@ class Pairs:
     def __len__(self) -> int:
         return len(self.sources)
 
+    def head(self, n: int) -> Pairs:
+        """The first ``n`` pairs (all of them if there are fewer)."""
+        return Pairs(self.sources[:n], self.targets[:n])
+
 
 def _find(directory: Path, stem: str) -> Path | None:
     for name in (stem, f"{stem}.gz"):

@@ -36,7 +36,12 @@ from hopperjax.parallel import (
 )
 from hopperjax.precision import PEAK_DTYPE, Policy, policy_from_config
 from hopperjax.precision.fp8 import check_backend
-from hopperjax.trainer.state import TrainState, create_train_state, state_shardings
+from hopperjax.trainer.state import (
+    TrainState,
+    create_train_state,
+    model_variables,
+    state_shardings,
+)
 from hopperjax.trainer.step import jit_steps
 from hopperjax.workloads.base import Workload
 
@@ -118,7 +123,21 @@ class Components:
     def _example_inputs(self) -> tuple[Any, ...]:
         return example_inputs(self.workload, self.batch_spec(self.config.train.batch_size))
 
-    def _tracing(self) -> contextlib.ExitStack:
+    def generation_metrics(self, state: TrainState) -> dict[str, float]:
+        """The workload's generation metrics for ``state``'s model (``train.generate_every``),
+        traced with the run's mesh, rules and matmul precision; offloaded parameters are copied
+        to device memory first."""
+        params = state.params
+        if "params" in offload.offloaded_fields(self.config.offload):
+            device = jax.tree.map(
+                lambda s: s.with_memory_kind(offload.DEVICE_MEMORY), self.state_shardings.params
+            )
+            params = jax.device_put(params, device)
+        variables = model_variables(params, state.fp8, state.model_state)
+        with self.tracing():
+            return self.workload.generation_metrics(self.model, variables, self.datasets)
+
+    def tracing(self) -> contextlib.ExitStack:
         """Mesh, rules and the policy's matmul precision in scope while tracing a step."""
         stack = contextlib.ExitStack()
         stack.enter_context(sharding_context(self.mesh, self.rules))
@@ -127,7 +146,7 @@ class Components:
 
     def trace_train_step(self) -> jax.stages.Traced:
         """The train step traced for the configured batch: its jaxpr, not yet lowered."""
-        with self._tracing():
+        with self.tracing():
             return self.train_step.trace(
                 self.abstract_state, self.batch_spec(self.config.train.batch_size)
             )
@@ -135,12 +154,12 @@ class Components:
     def lower_train_step(self, traced: jax.stages.Traced | None = None) -> jax.stages.Lowered:
         """The train step lowered for the configured batch (compile-only tools start here)."""
         traced = traced or self.trace_train_step()
-        with self._tracing():
+        with self.tracing():
             return traced.lower()
 
     def lower_eval_step(self) -> jax.stages.Lowered:
         train = self.config.train
-        with self._tracing():
+        with self.tracing():
             return self.eval_step.lower(
                 self.abstract_state, self.batch_spec(train.eval_batch_size or train.batch_size)
             )

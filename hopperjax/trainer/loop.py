@@ -445,6 +445,8 @@ def _loop(
             window = []
         if done % t.eval_every == 0 or done == t.steps:
             record = {"step": done, **_evaluate(eval_step, state, parts)}
+            if t.generate_every and (done % t.generate_every == 0 or done == t.steps):
+                record.update(parts.generation_metrics(state))
             # Training, evals and saves so far in this process (compile excluded, and a resumed
             # run counts from its restart).
             record["elapsed_s"] = round(time.perf_counter() - loop_start, 3)

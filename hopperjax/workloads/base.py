@@ -6,7 +6,8 @@ datasets, says which fields a batch has and how each is laid out on the mesh, wh
 called with, which loss it minimizes, how eval outputs become eval metrics, and how many FLOPs a
 step costs. Optional hooks, with defaults that do nothing: model state updated by the step
 (``mutable``), on-device preprocessing inside the jitted step, extra logical-axis rules,
-per-group optimizers, prediction for eval and serving, and files written beside the run.
+per-group optimizers, prediction for eval and serving, generation metrics (decoded outputs
+scored during training), and files written beside the run.
 
 Adding a workload is four files: ``configs/<name>.yaml``, ``models/<name>.py``, ``data/<name>.py``
 (or a reused source) and ``workloads/<name>.py``, whose ``WORKLOAD`` names its class (or
@@ -163,6 +164,25 @@ class Workload(abc.ABC):
     def predict(self, model: nn.Module, variables: dict[str, Any], batch: Batch) -> Any:
         """The model's outputs in inference mode; eval, export and serving all call this."""
         return model.apply(variables, *self.model_inputs(batch), deterministic=True)
+
+    def generation_metrics(
+        self, model: nn.Module, variables: dict[str, Any], datasets: Datasets
+    ) -> dict[str, float]:
+        """Eval metrics that one forward pass per batch cannot give: outputs generated step by
+        step and scored against references (translation: BLEU and chrF of beam-searched
+        sentences). The loop adds them, ``eval_`` prefixed, to the eval record every
+        ``train.generate_every`` steps and at the end. Every process calls it at the same point
+        with the same arguments (``variables`` are global arrays on the mesh, in device memory);
+        the returned values must agree across processes. A workload that defines it says so
+        to the config check (``generates``); default: none."""
+        del model, variables, datasets
+        return {}
+
+    @classmethod
+    def generates(cls) -> bool:
+        """Whether this workload defines ``generation_metrics`` (``train.generate_every`` is
+        refused otherwise)."""
+        return cls.generation_metrics is not Workload.generation_metrics
 
     def write_artifacts(self, datasets: Datasets, run_dir: Path, *, resuming: bool) -> None:
         """Files a run needs beside its checkpoints (a vocabulary, a tokenizer model), written

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 from hopperjax import config as config_lib
 from hopperjax.config import Config, ConfigError, RematConfig
@@ -30,6 +31,7 @@ from hopperjax.data import parallel_text as pt
 from hopperjax.data.errors import DataError
 from hopperjax.models import decoding, t5
 from hopperjax.precision import Policy
+from hopperjax.scoring import translation_scores
 from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload
 
 TOKENIZER_FILE = "spm.model"
@@ -47,7 +49,9 @@ class ParallelData(config_lib.DataConfig):
     ``target_len``: tokens per packed row on each side (longer examples are cut, and counted).
     ``tokenizer``: SentencePiece's ``unigram`` or ``bpe``. ``bad_records``: ``error`` (one line
     naming file and line) or ``skip`` (pairs with an empty side, counted). ``label_smoothing``:
-    of the training loss's targets.
+    of the training loss's targets. ``generate_pairs``: the first this many held-out pairs are
+    translated for ``eval_bleu`` / ``eval_chrf`` when ``train.generate_every`` asks, by beam
+    search with ``beams`` hypotheses (1: greedy) and GNMT's ``length_penalty``.
     """
 
     source: Literal["files", "synthetic"] = "files"
@@ -62,12 +66,16 @@ class ParallelData(config_lib.DataConfig):
     bad_records: Literal["error", "skip"] = "error"
     synthetic_pairs: int = 2000
     label_smoothing: float = 0.0
+    generate_pairs: int = 256
+    beams: int = 4
+    length_penalty: float = 0.6
 
 
 @dataclasses.dataclass(frozen=True)
 class TranslationMeta:
     """What a run's parallel text is: its tokenizer (serialized), pair and row counts, the
-    training rows' padding fraction, examples cut to fit a row and pairs skipped."""
+    training rows' padding fraction, examples cut to fit a row and pairs skipped, and the
+    held-out pairs that generation metrics translate (``data.generate_pairs``)."""
 
     tokenizer: bytes
     train_pairs: int
@@ -76,6 +84,7 @@ class TranslationMeta:
     padding: float
     truncated: int
     skipped: int
+    generate: pt.Pairs
 
 
 class Translation(Workload):
@@ -101,6 +110,11 @@ class Translation(Workload):
         "train.batch_size=16",
     )
 
+    def __init__(self, config: Config):
+        super().__init__(config)
+        # Jitted decoders by their arguments (``translator``), so each compiles once.
+        self._translators: dict[tuple[Any, ...], tuple[t5.T5, Callable[..., jax.Array]]] = {}
+
     @classmethod
     def validate_config(cls, config: Config) -> None:
         m, d = config.model, config.data
@@ -108,6 +122,10 @@ class Translation(Workload):
         for key in ("source_len", "target_len"):
             if getattr(d, key) < 2:
                 raise ConfigError(f"data.{key}", f"expected >= 2 tokens, got {getattr(d, key)}")
+        config_lib.positive("data.generate_pairs", d.generate_pairs)
+        config_lib.positive("data.beams", d.beams)
+        if d.length_penalty < 0:
+            raise ConfigError("data.length_penalty", f"expected >= 0, got {d.length_penalty}")
         if not 0.0 <= d.label_smoothing < 1.0:
             raise ConfigError(
                 "data.label_smoothing", f"expected 0 <= smoothing < 1, got {d.label_smoothing}"
@@ -218,6 +236,7 @@ class Translation(Workload):
             padding=packed.padding,
             truncated=packed.truncated + held_packed.truncated,
             skipped=train.skipped + held.skipped,
+            generate=held.head(d.generate_pairs),
         )
         return Datasets(train=train_ds, eval=eval_ds, meta=meta)
 
@@ -292,8 +311,13 @@ class Translation(Workload):
         max_len]``: one sentence per row (ids after the sentence's ``EOS_ID`` are padding);
         greedy with ``beams=1``, else beam search (``models/decoding.py``), one decoder position
         per step with a key-value cache (``cache=False``: the whole prefix every step, the
-        reference the cache is tested against)."""
+        reference the cache is tested against). The same arguments return the same function,
+        so it compiles once per workload instance."""
         max_len = max_len or self.config.data.target_len
+        key = (id(model), batch, max_len, beams, length_penalty, cache)
+        known = self._translators.get(key)
+        if known is not None and known[0] is model:
+            return known[1]
 
         @jax.jit
         def run(variables: dict[str, Any], source: jax.Array) -> jax.Array:
@@ -320,6 +344,7 @@ class Translation(Workload):
                 stepper, batch, max_len, beams=beams, length_penalty=length_penalty
             )
 
+        self._translators[key] = (model, run)
         return run
 
     @staticmethod
@@ -356,9 +381,25 @@ class Translation(Workload):
                 encoded = encoded[:source_len]
                 encoded[-1] = pt.EOS_ID
                 ids[row, : len(encoded)] = encoded
-            result = np.asarray(run(variables, ids))
+            # All processes decode the same sentences; the result may span their devices.
+            result = np.asarray(multihost_utils.process_allgather(run(variables, ids), tiled=True))
             out.extend(tokenizer.decode(result[row]) for row in range(len(chunk)))
         return out
+
+    def generation_metrics(
+        self, model: t5.T5, variables: dict[str, Any], datasets: Datasets[TranslationMeta]
+    ) -> dict[str, float]:
+        """``eval_bleu`` and ``eval_chrf`` (sacrebleu) of the first ``data.generate_pairs``
+        held-out pairs, translated by beam search (``data.beams``, ``data.length_penalty``)."""
+        d, meta = self.config.data, datasets.meta
+        tokenizer = pt.Tokenizer(meta.tokenizer, name=TOKENIZER_FILE)
+        batch = min(self.config.train.eval_batch_size or self.config.train.batch_size, 64)
+        hypotheses = self.translate(
+            model, variables, tokenizer, list(meta.generate.sources), batch=batch,
+            beams=d.beams, length_penalty=d.length_penalty,
+        )  # fmt: skip
+        scores = translation_scores(hypotheses, list(meta.generate.targets))
+        return {"eval_bleu": scores["bleu"], "eval_chrf": scores["chrf"]}
 
     def write_artifacts(self, datasets: Datasets, run_dir: Path, *, resuming: bool) -> None:
         """The run's tokenizer (``spm.model``); a run that resumes keeps the one it has."""
