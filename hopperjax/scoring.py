@@ -221,10 +221,12 @@ def regression_scores(y: np.ndarray, p: np.ndarray) -> dict[str, float]:
 
 
 def translation_scores(hypotheses: list[str], references: list[str]) -> dict[str, float]:
-    """Corpus BLEU and chrF of detokenized ``hypotheses`` against one reference each, as the
-    machine-translation literature reports them: sacrebleu's defaults (case-sensitive, its 13a
-    tokenization for BLEU), on a 0-100 scale. Needs sacrebleu (``pip install
-    'hopperjax[translate]'``)."""
+    """Corpus BLEU and chrF of detokenized ``hypotheses`` against one reference each, on a
+    0-100 scale: ``bleu`` and ``chrf`` with sacrebleu's defaults (case-sensitive, its 13a
+    tokenization for BLEU: the WMT convention), and ``bleu_lowercase``, the same BLEU of
+    lowercased text, which is closer to the tokenized, lowercased BLEU that much of the Multi30k
+    literature reports (still not equal: its references are Moses-tokenized). Needs sacrebleu
+    (``pip install 'hopperjax[translate]'``)."""
     if len(hypotheses) != len(references) or not references:
         raise ValueError(
             f"expected one hypothesis per reference, got {len(hypotheses)} and {len(references)}"
@@ -234,4 +236,5 @@ def translation_scores(hypotheses: list[str], references: list[str]) -> dict[str
     return {
         "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
         "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
+        "bleu_lowercase": sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score,
     }

@@ -14,6 +14,7 @@ from hopperjax.scoring import (
     pearson,
     regression_scores,
     rm2,
+    translation_scores,
 )
 
 RTOL = 1e-12  # every score is computed in float64 from the same inputs as its reference
@@ -219,3 +220,14 @@ def test_bad_shapes_raise(fn):
         fn(np.zeros((2, 2)), np.zeros((2, 2)))
     with pytest.raises(ValueError, match="empty"):
         fn(np.zeros(0), np.zeros(0))
+
+
+def test_translation_scores_are_sacrebleus_and_lowercasing_only_forgives_case():
+    refs = ["Ein Hund läuft über die Wiese.", "Zwei Kinder spielen im Park."]
+    exact = translation_scores(refs, refs)
+    assert exact["bleu"] == pytest.approx(100.0) and exact["chrf"] == pytest.approx(100.0)
+    shouted = [r.upper() for r in refs]
+    cased = translation_scores(shouted, refs)
+    assert cased["bleu"] < 10.0 and cased["bleu_lowercase"] == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="one hypothesis per reference"):
+        translation_scores(refs[:1], refs)
