@@ -238,3 +238,24 @@ def translation_scores(hypotheses: list[str], references: list[str]) -> dict[str
         "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
         "bleu_lowercase": sacrebleu.corpus_bleu(hypotheses, [references], lowercase=True).score,
     }
+
+
+def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """The exact area under the ROC curve of ``scores`` for binary ``labels`` (> 0.5 positive):
+    the probability that a random positive scores above a random negative, ties counted half
+    (Mann-Whitney U from average ranks), O(n log n). NaN when a class is absent."""
+    y = np.asarray(labels, np.float64) > 0.5
+    s = np.asarray(scores, np.float64)
+    if y.shape != s.shape or y.ndim != 1:
+        raise ValueError(f"labels and scores must be 1-D of one shape, got {y.shape}, {s.shape}")
+    positives = int(y.sum())
+    negatives = len(y) - positives
+    if not positives or not negatives:
+        return math.nan
+    order = np.argsort(s, kind="stable")
+    ordered = s[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(ordered)) + 1]
+    ends = np.r_[starts[1:], len(s)]
+    ranks = np.empty(len(s))
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)  # 1-based, ties averaged
+    return float((ranks[y].sum() - positives * (positives + 1) / 2.0) / (positives * negatives))

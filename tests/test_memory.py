@@ -312,6 +312,25 @@ def test_search_finds_the_exact_largest_fit_in_few_probes():
     assert budget.find_largest_batch(config, budget_bytes=100, probe=probe).batch_size is None
 
 
+def test_search_stops_below_a_batch_the_data_refuses():
+    """A probe the run refuses (fewer examples than the batch) caps the search instead of
+    ending it: the result is the largest fitting batch the data can serve, marked as such."""
+    config = hopperjax.load_config(REPO / "configs" / "quickstart.yaml", ["mesh.data=8"])
+    examples = 300
+
+    def probe(c, batch):
+        if batch > examples:
+            raise budget.BatchRefused(f"train.batch_size: larger than the {examples} rows")
+        return 1000 + batch, 1.0, 1.0
+
+    search = budget.find_largest_batch(
+        config, budget_bytes=10**6, probe=probe, devices=jax.devices()
+    )
+    assert search.batch_size == 296 and not search.proven_max
+    assert "300 rows" in search.refused
+    assert "| 296 (data) |" in budget.search_table([search])
+
+
 def test_find_batch_cli_result_fits_and_the_next_power_of_two_does_not(tmp_path, capsys):
     sys.path.insert(0, str(REPO / "tools"))
     import find_batch

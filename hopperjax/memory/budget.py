@@ -83,7 +83,13 @@ class Probe:
     fits: bool
 
 
-# probe(config, batch_size) -> (peak bytes, GEMM FLOPs, model FLOPs), all per device and step.
+class BatchRefused(Exception):
+    """A probe's run refuses its batch size for a reason other than memory (the data holds
+    fewer examples than one batch, say); the search then stops growing below it."""
+
+
+# probe(config, batch_size) -> (peak bytes, GEMM FLOPs, model FLOPs), all per device and step;
+# raises BatchRefused when the run cannot take that batch at all.
 ProbeFn = Callable[[Config, int], tuple[int, float, float]]
 
 
@@ -94,6 +100,7 @@ class BatchSearch:
     Attributes:
       batch_size: the largest global batch that fits, or None if even the smallest does not.
       proven_max: True when ``batch_size + unit`` was compiled and did not fit (not just capped).
+      refused: why the run refused a larger batch (the data's size), when it did.
       learning_rate: the peak LR the linear (or configured) scaling rule gives that batch.
       probes: every compile, in the order they ran.
     """
@@ -106,6 +113,7 @@ class BatchSearch:
     proven_max: bool
     learning_rate: float | None
     probes: tuple[Probe, ...]
+    refused: str | None = None
 
     @property
     def best(self) -> Probe | None:
@@ -138,9 +146,15 @@ def find_largest_batch(
     unit = batch_axis_size(build_mesh(config.mesh, devices)) * config.train.microbatches
     max_n = max(1, max_batch_size // unit)
     probes: dict[int, Probe] = {}
+    refused: list[str] = []
 
-    def fits(n: int) -> bool:
-        peak, flops, model_flops = probe(config, n * unit)
+    def fits(n: int) -> bool | None:
+        """Whether batch n * unit fits; None when the run refuses it."""
+        try:
+            peak, flops, model_flops = probe(config, n * unit)
+        except BatchRefused as e:
+            refused.append(str(e))
+            return None
         probes[n] = Probe(n * unit, int(peak), flops, model_flops, peak <= budget_bytes)
         return probes[n].fits
 
@@ -152,11 +166,13 @@ def find_largest_batch(
             budget_bytes=budget_bytes,
             unit=unit,
             batch_size=batch,
-            proven_max=hi == (lo or 0) + 1,
+            proven_max=hi == (lo or 0) + 1 and not refused_above,
             learning_rate=None if batch is None else peak_learning_rate(config.optim, batch),
             probes=tuple(probes.values()),
+            refused=refused[-1] if refused else None,
         )
 
+    refused_above = False  # hi is a batch the run refused, not one that missed the budget
     if not fits(1):
         return result(None, 1)
     lo, hi = 1, None
@@ -173,18 +189,23 @@ def find_largest_batch(
             if len(fitting) >= 2:
                 guess = _affine_guess(probes[fitting[-2]], probes[fitting[-1]], budget_bytes, unit)
             n = min(max(guess or 2 * lo, lo + 1), max_n)
-        elif len(sides) >= 2 and sides[-1] == sides[-2]:
-            n = (lo + hi) // 2  # the line keeps landing on one side: bisect once
+        elif refused_above or (len(sides) >= 2 and sides[-1] == sides[-2]):
+            # Bisect: below a refused batch memory says nothing of where the limit is; and
+            # when the line keeps landing on one side, bisect once.
+            n = (lo + hi) // 2
         else:
             guess = _affine_guess(probes[lo], probes[hi], budget_bytes, unit)
             n = (lo + hi) // 2 if guess is None else guess
         n = min(max(n, lo + 1), hi - 1) if hi is not None else n
         ok = fits(n)
+        if ok is None:
+            hi, refused_above = n, True
+            continue
         sides.append(ok)
         if ok:
             lo = n
         else:
-            hi = n
+            hi, refused_above = n, False
     return result(lo, hi)
 
 
@@ -218,7 +239,7 @@ def search_table(searches: Sequence[BatchSearch]) -> str:
                 f"{smallest.peak_bytes / GIB:.2f} GiB) | | | | | {len(s.probes)} |"
             )
             continue
-        marker = "" if s.proven_max else " (cap)"
+        marker = "" if s.proven_max else " (data)" if s.refused else " (cap)"
         ratio = best.flops_per_device / best.model_flops_per_device
         lines.append(
             f"| {s.remat} | {s.microbatches} | {best.batch_size}{marker} | "

@@ -32,7 +32,12 @@ def probe_batch(
 ) -> tuple[int, float, float]:
     """(peak bytes, GEMM FLOPs, model FLOPs), per device, of the train step at ``batch_size``;
     compiled, never run."""
-    parts = build_components(at_batch(config, batch_size, devices=devices), devices=devices)
+    try:
+        parts = build_components(at_batch(config, batch_size, devices=devices), devices=devices)
+    except ConfigError as e:
+        if e.key == "train.batch_size":  # the data holds fewer examples than this batch
+            raise budget.BatchRefused(str(e)) from None
+        raise
     compiled = parts.lower_train_step().compile()
     memory = budget.compiled_memory(compiled)
     if not memory:

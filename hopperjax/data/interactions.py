@@ -1,0 +1,293 @@
+"""User-item interactions for recommendation: clicks (Criteo) and explicit ratings (MovieLens).
+
+Every source becomes one in-memory ``Interactions`` table of three arrays, so a batch is one
+gather (``EpochBatches``):
+
+- ``dense`` float32 [N, num_dense]: continuous features (Criteo's 13 counts as ``log(1 + x)``,
+  negatives clamped to 0; none for ratings);
+- ``sparse`` int32 [N, tables, hot]: row ids into each embedding table, a bag of ``hot`` ids per
+  table (multi-hot), ``PAD_ID`` (-1) in unused slots: a padding id contributes nothing;
+- ``labels`` float32 [N]: the click (0/1) or the rating.
+
+Readers:
+
+- ``read_criteo``: Criteo's display-advertising TSV (label, 13 integer fields, 26 hexadecimal
+  categorical fields; empty fields allowed). A categorical value is hashed to its table's size
+  (``hash(value) % (rows - 1) + 1``; row 0 is the shared "missing" row of an empty field), so any
+  table size serves; ``log(1 + x)`` for the integers, an empty integer is 0.
+- ``read_movielens``: ``u.data`` and its fold files ``u1.base`` .. ``u5.test`` (tab-separated
+  user, item, rating, timestamp; MovieLens-100k's layout), or ``ratings.csv`` (header ``userId,
+  movieId,rating,timestamp``; the later MovieLens releases). Ids are table rows as they are (the
+  tables need ``max id + 1`` rows); an id beyond its table is an error naming the file, line and
+  the key to raise, unless ``hash_ids`` hashes it.
+- ``synthetic``: interactions whose ids follow a power law per table and whose click probability
+  (or rating) is a known low-rank-plus-bias function of the ids and the dense features, with
+  Gaussian noise of a known size for ratings (the RMSE floor a model can reach).
+
+A bad row (wrong field count, a label or number that does not parse, an id out of range) is a
+``DataError`` naming the file and line, or, with ``skip_bad``, counted in ``skipped`` and left
+out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import math
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from hopperjax.data.errors import DataError, one_line
+
+PAD_ID = -1
+CRITEO_DENSE = 13
+CRITEO_TABLES = 26
+
+
+@dataclasses.dataclass(frozen=True)
+class Interactions:
+    """One split's interactions (see the module docstring for the arrays' meaning);
+    ``skipped``: bad rows left out. ``weights`` float32 [N]: 1 for a real row, 0 for the padding
+    rows ``padded`` adds (eval masks them)."""
+
+    dense: np.ndarray
+    sparse: np.ndarray
+    labels: np.ndarray
+    skipped: int = 0
+    weights: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.weights is None:
+            object.__setattr__(self, "weights", np.ones(len(self.labels), np.float32))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def tables(self) -> int:
+        return self.sparse.shape[1]
+
+    def batch(self, order: np.ndarray) -> dict[str, np.ndarray]:
+        """The rows in ``order`` as one batch (one gather per array)."""
+        return {
+            "dense": self.dense[order],
+            "sparse": self.sparse[order],
+            "labels": self.labels[order],
+            "weights": self.weights[order],
+        }
+
+    def take(self, order: np.ndarray) -> Interactions:
+        return Interactions(
+            self.dense[order], self.sparse[order], self.labels[order], self.skipped,
+            self.weights[order],
+        )  # fmt: skip
+
+    def padded(self, multiple: int) -> Interactions:
+        """Grown to a multiple of ``multiple`` with all-padding rows of weight 0."""
+        extra = -len(self) % multiple
+        if not extra:
+            return self
+        return Interactions(
+            np.concatenate([self.dense, np.zeros((extra, self.dense.shape[1]), np.float32)]),
+            np.concatenate([self.sparse, np.full((extra, *self.sparse.shape[1:]), PAD_ID, np.int32)]),
+            np.concatenate([self.labels, np.zeros(extra, np.float32)]),
+            self.skipped,
+            np.concatenate([self.weights, np.zeros(extra, np.float32)]),
+        )  # fmt: skip
+
+    def check_ids(self, table_sizes: tuple[int, ...], name: str) -> None:
+        """Raises DataError if an id of table t is not below ``table_sizes[t]``."""
+        if len(table_sizes) != self.tables:
+            raise DataError(f"{name}: {self.tables} tables, but {len(table_sizes)} table sizes")
+        for t, rows in enumerate(table_sizes):
+            top = int(self.sparse[:, t].max(initial=PAD_ID))
+            if top >= rows:
+                raise DataError(
+                    f"{name}: table {t} needs {top + 1} rows (its largest id is {top}), "
+                    f"the model has {rows}"
+                )
+
+
+def _read_lines(path: Path) -> list[bytes]:
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise DataError(f"{path}: cannot read ({one_line(e)})") from None
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    if lines and lines[-1].endswith(b"\r"):
+        lines = [line.rstrip(b"\r") for line in lines]
+    if not lines:
+        raise DataError(f"{path}: empty")
+    return lines
+
+
+def hash_id(value: bytes, rows: int) -> int:
+    """A categorical value's row in a table of ``rows`` (row 0 is kept for empty fields):
+    CRC-32, the same on every process, platform and run (Python's ``hash`` is salted)."""
+    return zlib.crc32(value) % (rows - 1) + 1 if rows > 1 else 0
+
+
+def read_criteo(
+    path: str | Path, table_sizes: tuple[int, ...], *, skip_bad: bool = False
+) -> Interactions:
+    """Criteo's TSV (``.gz`` too): one row per line, ``label`` then 13 integers then 26
+    hexadecimal categories, tab-separated; categories hashed to ``table_sizes`` (26 sizes)."""
+    path = Path(path)
+    if len(table_sizes) != CRITEO_TABLES:
+        raise DataError(f"Criteo has {CRITEO_TABLES} tables, got {len(table_sizes)} table sizes")
+    fields = 1 + CRITEO_DENSE + CRITEO_TABLES
+    labels, dense, sparse, skipped = [], [], [], 0
+    for number, line in enumerate(_read_lines(path), 1):
+        parts = line.split(b"\t")
+        try:
+            if len(parts) != fields:
+                raise ValueError(f"{len(parts)} tab-separated fields, expected {fields}")
+            label = int(parts[0])
+            if label not in (0, 1):
+                raise ValueError(f"label {label}, expected 0 or 1")
+            counts = [max(int(x), 0) if x else 0 for x in parts[1 : 1 + CRITEO_DENSE]]
+            cats = parts[1 + CRITEO_DENSE :]
+            for x in cats:
+                if x:
+                    int(x, 16)  # a category must be hexadecimal
+        except ValueError as e:
+            if skip_bad:
+                skipped += 1
+                continue
+            raise DataError(f"{path} line {number}: {one_line(e)}") from None
+        labels.append(label)
+        dense.append(counts)
+        sparse.append([hash_id(x, rows) if x else 0 for x, rows in zip(cats, table_sizes)])
+    if not labels:
+        raise DataError(f"{path}: no valid rows ({skipped} skipped)")
+    return Interactions(
+        np.log1p(np.asarray(dense, np.float32)),
+        np.asarray(sparse, np.int32)[:, :, None],
+        np.asarray(labels, np.float32),
+        skipped,
+    )
+
+
+def read_movielens(
+    path: str | Path, table_sizes: tuple[int, int], *, hash_ids: bool = False,
+    skip_bad: bool = False,
+) -> Interactions:  # fmt: skip
+    """MovieLens ratings: ``u.data``-style (tab-separated, no header) or ``ratings.csv``
+    (comma-separated, with its header); tables: users, items."""
+    path = Path(path)
+    lines = _read_lines(path)
+    csv = path.name.endswith((".csv", ".csv.gz"))
+    first = 1
+    if csv:
+        header = lines[0].decode("utf-8", "replace").strip().lower().split(",")
+        if header[:3] != ["userid", "movieid", "rating"]:
+            raise DataError(f"{path} line 1: expected the header userId,movieId,rating,...")
+        lines, first = lines[1:], 2
+    separator = b"," if csv else b"\t"
+    ids, labels, skipped = [], [], 0
+    for number, line in enumerate(lines, first):
+        parts = line.split(separator)
+        try:
+            if len(parts) < 3:
+                raise ValueError(f"{len(parts)} fields, expected user, item, rating[, time]")
+            row = [int(parts[0]), int(parts[1])]
+            rating = float(parts[2])
+            if not math.isfinite(rating):
+                raise ValueError(f"rating {parts[2].decode(errors='replace')}")
+            for t, (value, rows) in enumerate(zip(row, table_sizes)):
+                if value < 0:
+                    raise ValueError(f"negative id {value}")
+                if hash_ids:
+                    row[t] = hash_id(str(value).encode(), rows)
+                elif value >= rows:
+                    key = "model.table_sizes"
+                    raise ValueError(
+                        f"{('user', 'item')[t]} id {value} is beyond the {rows} rows of table "
+                        f"{t} ({key}; or data.hash_ids=true)"
+                    )
+        except ValueError as e:
+            if skip_bad:
+                skipped += 1
+                continue
+            raise DataError(f"{path} line {number}: {one_line(e)}") from None
+        ids.append(row)
+        labels.append(rating)
+    if not labels:
+        raise DataError(f"{path}: no valid rows ({skipped} skipped)")
+    return Interactions(
+        np.zeros((len(labels), 0), np.float32),
+        np.asarray(ids, np.int32)[:, :, None],
+        np.asarray(labels, np.float32),
+        skipped,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticSpec:
+    """What ``synthetic`` generates: ``rows`` interactions over tables of ``table_sizes`` rows,
+    ``hot`` ids per table (multi-hot bags; a bag has 1 to ``hot`` ids, the rest padding),
+    ``num_dense`` features, ids drawn with probability ~ rank ** -``zipf``, a hidden structure of
+    ``rank`` factors; ``task`` clicks (Bernoulli of the sigmoid) or ratings (a value around 3.5
+    plus Gaussian noise of std ``noise``)."""
+
+    rows: int
+    table_sizes: tuple[int, ...]
+    hot: int = 1
+    num_dense: int = 0
+    rank: int = 4
+    zipf: float = 1.05
+    task: str = "ratings"
+    noise: float = 0.5
+
+
+def synthetic(spec: SyntheticSpec, seed: int) -> Interactions:
+    """Interactions from ``spec``; the hidden structure depends on ``seed`` only through the
+    generator's fixed parameters (seed 0), so a training and a held-out set drawn with different
+    seeds share it."""
+    structure = np.random.default_rng(0)
+    factors = [
+        structure.normal(0, 1 / math.sqrt(spec.rank), (n, spec.rank)) for n in spec.table_sizes
+    ]
+    biases = [structure.normal(0, 0.3, n) for n in spec.table_sizes]
+    weights = structure.normal(0, 0.3, spec.num_dense)
+    rng = np.random.default_rng(seed + 1)
+    n, tables = spec.rows, len(spec.table_sizes)
+    sparse = np.full((n, tables, spec.hot), PAD_ID, np.int32)
+    pooled = np.zeros((n, tables, spec.rank))
+    bias = np.zeros(n)
+    for t, size in enumerate(spec.table_sizes):
+        # Power-law popularity over a random permutation of the rows (popular ids are not 0..k).
+        p = np.arange(1, size + 1, dtype=np.float64) ** -spec.zipf
+        rows = rng.permutation(size)[rng.choice(size, size=(n, spec.hot), p=p / p.sum())]
+        length = rng.integers(1, spec.hot + 1, n)
+        used = np.arange(spec.hot)[None, :] < length[:, None]
+        sparse[:, t] = np.where(used, rows, PAD_ID)
+        pooled[:, t] = (factors[t][rows] * used[..., None]).sum(1) / length[:, None]
+        bias += (biases[t][rows] * used).sum(1) / length
+    dense = np.abs(rng.normal(0, 1, (n, spec.num_dense))).astype(np.float32)
+    # Pairwise factor interactions between consecutive tables (users x items for two tables).
+    score = bias + dense @ weights
+    for t in range(tables - 1):
+        score += (pooled[:, t] * pooled[:, t + 1]).sum(-1) * 2.0
+    if spec.task == "clicks":
+        labels = rng.random(n) < 1 / (1 + np.exp(-(score - 1.0)))
+    else:
+        labels = 3.5 + score + rng.normal(0, spec.noise, n)
+    return Interactions(dense, sparse, labels.astype(np.float32))
+
+
+__all__ = [
+    "CRITEO_DENSE",
+    "CRITEO_TABLES",
+    "Interactions",
+    "PAD_ID",
+    "SyntheticSpec",
+    "hash_id",
+    "read_criteo",
+    "read_movielens",
+    "synthetic",
+]

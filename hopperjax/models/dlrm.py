@@ -1,0 +1,219 @@
+"""Recommendation models: DLRM (Naumov et al. 2019) and matrix factorization.
+
+DLRM: dense features -> bottom MLP -> a vector of ``embed_dim``; each categorical feature -> a bag
+of rows of its embedding table, pooled (sum or mean; padding ids, ``PAD_ID`` < 0, contribute
+nothing); the pairwise dot products of all these vectors (the strict upper triangle, plus the
+bottom vector itself) or their concatenation -> top MLP -> one scalar (a click logit or a
+rating). Matrix factorization (``kind: mf``): rating = mean + user bias + item bias + <user
+vector, item vector>, tables 0 and 1 being users and items.
+
+Sharding: the tables carry the logical axes ``("table_rows", "table_dim")``, which the workload
+maps to ``tensor`` (row-wise: each device holds 1/tensor of every table's rows) and nothing; the
+MLPs are small and replicated (the batch is split over ``data``). XLA partitions each lookup
+(a gather from a row-sharded table: each device gathers the rows it holds, and the partial bags
+are summed across ``tensor``), which inspect lists among the step's collectives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from hopperjax import config as config_lib
+from hopperjax.config import ConfigError
+from hopperjax.models import layers
+from hopperjax.precision import Policy
+
+TABLE_AXES = ("table_rows", "table_dim")
+TARGET_STATS = "target_stats"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class DLRMConfig(config_lib.ModelConfig):
+    """The recommendation model's ``model:`` group.
+
+    ``kind``: ``dlrm`` or ``mf`` (two tables: users, items). ``table_sizes``: rows of each
+    embedding table, comma-separated (the data's ids must be below them, or hashed to them).
+    ``embed_dim``: width of every table (and of the bottom MLP's output). ``bottom_mlp`` /
+    ``top_mlp``: hidden widths, comma-separated (the bottom MLP ends in ``embed_dim``, the top MLP
+    in one output). ``interaction``: ``dot`` (pairwise dot products) or ``cat``. ``pooling`` of a
+    multi-hot bag: ``sum`` or ``mean``. ``init_std`` of the tables (the MLPs use fan-in scaling).
+    """
+
+    kind: Literal["dlrm", "mf"] = "dlrm"
+    table_sizes: str = "1000,1000"
+    embed_dim: int = 16
+    bottom_mlp: str = "64"
+    top_mlp: str = "64,32"
+    interaction: Literal["dot", "cat"] = "dot"
+    pooling: Literal["sum", "mean"] = "sum"
+    init_std: float = 0.05
+
+    @property
+    def tables(self) -> tuple[int, ...]:
+        return _ints(self.table_sizes)
+
+    @property
+    def bottom(self) -> tuple[int, ...]:
+        return _ints(self.bottom_mlp)
+
+    @property
+    def top(self) -> tuple[int, ...]:
+        return _ints(self.top_mlp)
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the ``model.*`` key of the first bad value."""
+        for key in ("table_sizes", "bottom_mlp", "top_mlp"):
+            try:
+                sizes = getattr(self, {"table_sizes": "tables", "bottom_mlp": "bottom",
+                                       "top_mlp": "top"}[key])  # fmt: skip
+            except ValueError:
+                raise ConfigError(
+                    f"model.{key}", f"expected comma-separated integers, got {getattr(self, key)!r}"
+                ) from None
+            if any(n <= 0 for n in sizes):
+                raise ConfigError(f"model.{key}", f"sizes must be > 0, got {getattr(self, key)!r}")
+        if not self.tables:
+            raise ConfigError("model.table_sizes", "at least one table")
+        if self.kind == "mf" and len(self.tables) != 2:
+            raise ConfigError(
+                "model.table_sizes",
+                f"kind 'mf' takes two tables (users, items), got {len(self.tables)}",
+            )
+        config_lib.positive("model.embed_dim", self.embed_dim)
+        config_lib.positive("model.init_std", self.init_std)
+
+
+def _mlp(
+    x: jax.Array, sizes: tuple[int, ...], *, policy: Policy, name: str, last_relu: bool
+) -> jax.Array:
+    for i, width in enumerate(sizes):
+        x = layers.dense(
+            width, axes=(None, None), policy=policy, std=math.sqrt(2.0 / x.shape[-1]),
+            use_bias=True, name=f"{name}_{i}",
+        )(x)  # fmt: skip
+        if i < len(sizes) - 1 or last_relu:
+            x = nn.relu(x)
+    return x
+
+
+def pooled_lookup(table: jax.Array, ids: jax.Array, pooling: str) -> jax.Array:
+    """Bags of rows of ``table`` [rows, dim] for ``ids`` [batch, hot] (padding < 0 counts
+    nothing) -> [batch, dim], summed or averaged over each bag's real ids."""
+    real = ids >= 0
+    rows = jnp.take(table, jnp.maximum(ids, 0), axis=0)  # [batch, hot, dim]
+    total = jnp.where(real[..., None], rows, 0).sum(axis=1)
+    if pooling == "mean":
+        total = total / jnp.maximum(real.sum(axis=1, keepdims=True), 1).astype(total.dtype)
+    return total
+
+
+class DLRM(nn.Module):
+    """``(dense [batch, num_dense] float32, sparse [batch, tables, hot] int32) -> [batch]``.
+
+    ``target_mean``: ratings are predicted as an offset from this value (the training split's
+    mean, kept in the ``target_stats`` collection so a restored model needs no data); None for
+    click logits."""
+
+    config: DLRMConfig
+    policy: Policy
+    target_mean: float | None = None
+
+    @nn.compact
+    def __call__(
+        self, dense: jax.Array, sparse: jax.Array, *, deterministic: bool = True
+    ) -> jax.Array:
+        del deterministic  # no dropout
+        c, policy = self.config, self.policy
+        tables = [
+            self.param(
+                f"table_{t}",
+                layers.normal_init(c.init_std, TABLE_AXES),
+                (rows, c.embed_dim),
+                policy.param_dtype,
+            )  # fmt: skip
+            for t, rows in enumerate(c.tables)
+        ]
+        bags = [
+            pooled_lookup(table.astype(policy.compute_dtype), sparse[:, t], c.pooling)
+            for t, table in enumerate(tables)
+        ]
+        if c.kind == "mf":
+            out = self._factorization(bags, sparse)
+        else:
+            out = self._dlrm(dense, bags)
+        out = out.astype(jnp.float32)
+        if self.target_mean is None:
+            return out
+        mean0 = self.target_mean
+        return out + self.variable(TARGET_STATS, "mean", lambda: jnp.float32(mean0)).value
+
+    def _factorization(self, bags: list[jax.Array], sparse: jax.Array) -> jax.Array:
+        c = self.config
+        biases = [
+            self.param(f"bias_{t}", nn.with_logical_partitioning(nn.initializers.zeros_init(), TABLE_AXES),
+                       (rows, 1), self.policy.param_dtype)
+            for t, rows in enumerate(c.tables)
+        ]  # fmt: skip
+        out = (bags[0] * bags[1]).sum(-1)
+        for t, bias in enumerate(biases):
+            out = out + pooled_lookup(bias, sparse[:, t], c.pooling)[:, 0]
+        return out
+
+    def _dlrm(self, dense: jax.Array, bags: list[jax.Array]) -> jax.Array:
+        c, policy = self.config, self.policy
+        vectors = list(bags)
+        if dense.shape[-1]:
+            bottom = _mlp(dense.astype(policy.compute_dtype), (*c.bottom, c.embed_dim),
+                          policy=policy, name="bottom", last_relu=True)  # fmt: skip
+            vectors = [bottom, *vectors]
+        stacked = jnp.stack(vectors, axis=1)  # [batch, features, dim]
+        if c.interaction == "dot":
+            gram = jnp.einsum("bfd,bgd->bfg", stacked, stacked)
+            upper = jnp.triu_indices(len(vectors), k=1)
+            features = [gram[:, upper[0], upper[1]]]
+            if dense.shape[-1]:
+                features.insert(0, vectors[0])
+            x = jnp.concatenate(features, axis=-1)
+        else:
+            x = stacked.reshape(stacked.shape[0], -1)
+        return _mlp(x, (*c.top, 1), policy=policy, name="top", last_relu=False)[:, 0]
+
+
+def interaction_width(config: DLRMConfig, num_dense: int) -> int:
+    """Width of the top MLP's input."""
+    features = len(config.tables) + (1 if num_dense else 0)
+    if config.interaction == "cat":
+        return features * config.embed_dim
+    return features * (features - 1) // 2 + (config.embed_dim if num_dense else 0)
+
+
+def forward_flops(config: DLRMConfig, num_dense: int, hot: int) -> float:
+    """Forward FLOPs of one example (multiply-adds x 2): the MLPs, the interaction and the bag
+    sums (table lookups themselves move bytes, not FLOPs)."""
+    flops = 0.0
+    if config.kind == "mf":
+        return 2.0 * config.embed_dim + 2.0 * hot * len(config.tables) * (config.embed_dim + 1)
+    width = num_dense
+    if num_dense:
+        for out in (*config.bottom, config.embed_dim):
+            flops += 2.0 * width * out
+            width = out
+    features = len(config.tables) + (1 if num_dense else 0)
+    if config.interaction == "dot":
+        flops += 2.0 * features * features * config.embed_dim
+    width = interaction_width(config, num_dense)
+    for out in (*config.top, 1):
+        flops += 2.0 * width * out
+        width = out
+    flops += 2.0 * hot * len(config.tables) * config.embed_dim  # bag sums
+    return flops
