@@ -91,7 +91,8 @@ class Interactions:
             return self
         return Interactions(
             np.concatenate([self.dense, np.zeros((extra, self.dense.shape[1]), np.float32)]),
-            np.concatenate([self.sparse, np.full((extra, *self.sparse.shape[1:]), PAD_ID, np.int32)]),
+            np.concatenate([self.sparse, np.full((extra, *self.sparse.shape[1:]), PAD_ID,
+                                                 np.int32)]),
             np.concatenate([self.labels, np.zeros(extra, np.float32)]),
             self.skipped,
             np.concatenate([self.weights, np.zeros(extra, np.float32)]),
@@ -161,7 +162,9 @@ def read_criteo(
             raise DataError(f"{path} line {number}: {one_line(e)}") from None
         labels.append(label)
         dense.append(counts)
-        sparse.append([hash_id(x, rows) if x else 0 for x, rows in zip(cats, table_sizes)])
+        sparse.append(
+            [hash_id(x, rows) if x else 0 for x, rows in zip(cats, table_sizes, strict=True)]
+        )
     if not labels:
         raise DataError(f"{path}: no valid rows ({skipped} skipped)")
     return Interactions(
@@ -198,7 +201,7 @@ def read_movielens(
             rating = float(parts[2])
             if not math.isfinite(rating):
                 raise ValueError(f"rating {parts[2].decode(errors='replace')}")
-            for t, (value, rows) in enumerate(zip(row, table_sizes)):
+            for t, (value, rows) in enumerate(zip(row, table_sizes, strict=False)):
                 if value < 0:
                     raise ValueError(f"negative id {value}")
                 if hash_ids:
@@ -283,8 +286,8 @@ def synthetic(spec: SyntheticSpec, seed: int) -> Interactions:
 __all__ = [
     "CRITEO_DENSE",
     "CRITEO_TABLES",
-    "Interactions",
     "PAD_ID",
+    "Interactions",
     "SyntheticSpec",
     "hash_id",
     "read_criteo",

@@ -134,23 +134,15 @@ class DLRM(nn.Module):
     ) -> jax.Array:
         del deterministic  # no dropout
         c, policy = self.config, self.policy
-        tables = [
-            self.param(
-                f"table_{t}",
-                layers.normal_init(c.init_std, TABLE_AXES),
-                (rows, c.embed_dim),
-                policy.param_dtype,
-            )  # fmt: skip
-            for t, rows in enumerate(c.tables)
-        ]
+        tables = []
+        for t, rows in enumerate(c.tables):
+            init = layers.normal_init(c.init_std, TABLE_AXES)
+            tables.append(self.param(f"table_{t}", init, (rows, c.embed_dim), policy.param_dtype))
         bags = [
             pooled_lookup(table.astype(policy.compute_dtype), sparse[:, t], c.pooling)
             for t, table in enumerate(tables)
         ]
-        if c.kind == "mf":
-            out = self._factorization(bags, sparse)
-        else:
-            out = self._dlrm(dense, bags)
+        out = self._factorization(bags, sparse) if c.kind == "mf" else self._dlrm(dense, bags)
         out = out.astype(jnp.float32)
         if self.target_mean is None:
             return out
@@ -159,11 +151,11 @@ class DLRM(nn.Module):
 
     def _factorization(self, bags: list[jax.Array], sparse: jax.Array) -> jax.Array:
         c = self.config
+        zeros = nn.with_logical_partitioning(nn.initializers.zeros_init(), TABLE_AXES)
         biases = [
-            self.param(f"bias_{t}", nn.with_logical_partitioning(nn.initializers.zeros_init(), TABLE_AXES),
-                       (rows, 1), self.policy.param_dtype)
+            self.param(f"bias_{t}", zeros, (rows, 1), self.policy.param_dtype)
             for t, rows in enumerate(c.tables)
-        ]  # fmt: skip
+        ]
         out = (bags[0] * bags[1]).sum(-1)
         for t, bias in enumerate(biases):
             out = out + pooled_lookup(bias, sparse[:, t], c.pooling)[:, 0]
@@ -197,23 +189,30 @@ def interaction_width(config: DLRMConfig, num_dense: int) -> int:
     return features * (features - 1) // 2 + (config.embed_dim if num_dense else 0)
 
 
-def forward_flops(config: DLRMConfig, num_dense: int, hot: int) -> float:
-    """Forward FLOPs of one example (multiply-adds x 2): the MLPs, the interaction and the bag
-    sums (table lookups themselves move bytes, not FLOPs)."""
-    flops = 0.0
+def train_flops(config: DLRMConfig, num_dense: int) -> float:
+    """GEMM FLOPs of one example's training step: 3 x forward (multiply-adds x 2) of the MLPs and
+    the dot interaction, less the bottom MLP's input gradient, which nothing needs (the dense
+    features are data), and less the output layer's input gradient, an outer product (K = 1)
+    that XLA rewrites as a broadcast multiply, not a GEMM. Bag sums and table lookups are left
+    out: they move bytes, not GEMMs (like the GIN's message sums in ``models/dta.py``)."""
     if config.kind == "mf":
-        return 2.0 * config.embed_dim + 2.0 * hot * len(config.tables) * (config.embed_dim + 1)
+        return 3.0 * 2.0 * config.embed_dim  # the user-item dot product
+    flops, first = 0.0, 0.0
     width = num_dense
     if num_dense:
         for out in (*config.bottom, config.embed_dim):
-            flops += 2.0 * width * out
+            flops += 3.0 * 2.0 * width * out
             width = out
+        first = (
+            2.0 * num_dense * config.bottom[0]
+            if config.bottom
+            else 2.0 * num_dense * config.embed_dim
+        )
     features = len(config.tables) + (1 if num_dense else 0)
     if config.interaction == "dot":
-        flops += 2.0 * features * features * config.embed_dim
+        flops += 3.0 * 2.0 * features * features * config.embed_dim
     width = interaction_width(config, num_dense)
     for out in (*config.top, 1):
-        flops += 2.0 * width * out
-        width = out
-    flops += 2.0 * hot * len(config.tables) * config.embed_dim  # bag sums
-    return flops
+        flops += 3.0 * 2.0 * width * out
+        last_in, width = width, out
+    return flops - first - 2.0 * last_in

@@ -101,7 +101,7 @@ class Recommendation(Workload):
         "model.table_sizes=64,48,40",
         "model.embed_dim=8",
         "model.bottom_mlp=16",
-        "model.top_mlp=16",
+        "model.top_mlp=32",
         "train.batch_size=64",
     )
 
@@ -277,7 +277,7 @@ class Recommendation(Workload):
 
     def model_flops_per_step(self, batch_size: int, datasets: Datasets | None) -> float:
         d = self.config.data
-        return 3.0 * batch_size * dlrm.forward_flops(self.config.model, d.num_dense, d.hot)
+        return batch_size * dlrm.train_flops(self.config.model, d.num_dense)
 
     def examples_per_step(self, batch_size: int) -> int:
         return batch_size
