@@ -14,6 +14,7 @@ from hopperjax.scoring import (
     pearson,
     regression_scores,
     rm2,
+    roc_auc,
     translation_scores,
 )
 
@@ -231,3 +232,15 @@ def test_translation_scores_are_sacrebleus_and_lowercasing_only_forgives_case():
     assert cased["bleu"] < 10.0 and cased["bleu_lowercase"] == pytest.approx(100.0)
     with pytest.raises(ValueError, match="one hypothesis per reference"):
         translation_scores(refs[:1], refs)
+
+
+def test_roc_auc_equals_the_pairwise_count_with_ties_as_half():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 300).astype(float)
+    scores = np.round(rng.normal(labels * 0.7, 1.0), 1)  # rounding makes many ties
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    diff = pos[:, None] - neg[None, :]
+    brute = ((diff > 0).sum() + 0.5 * (diff == 0).sum()) / diff.size
+    assert roc_auc(labels, scores) == pytest.approx(brute, rel=1e-12)
+    assert roc_auc([0, 1], [0.2, 0.9]) == 1.0 and roc_auc([1, 0], [0.2, 0.9]) == 0.0
+    assert math.isnan(roc_auc([1, 1], [0.2, 0.9]))
