@@ -24,7 +24,7 @@ def test_every_recipe_loads_and_shrinks(path, tmp_path):
     # gets a stand-in directory or file (loading checks only that the path is one).
     recipe = path.read_text()
     stand_in = []
-    if any(f"source: {s}" in recipe for s in ("deepdta", "folder", "files")):
+    if any(f"source: {s}" in recipe for s in ("deepdta", "folder", "files", "movielens", "criteo")):
         stand_in = [f"data.path={tmp_path}"]
     elif "source: text" in recipe:
         (tmp_path / "input.txt").write_text("stand-in text\n")

@@ -138,7 +138,7 @@ def test_hybrid_layouts_give_one_devices_losses_and_split_the_tables(layout, one
         [r for r in one_device.history if "eval_auc" in r][-1]["eval_auc"], abs=1e-5
     )
     tensor = config.mesh.tensor
-    table = result.state.params["table_0"]
+    table = result.state.params["table_0"]["embedding"]
     assert {s.data.shape for s in table.addressable_shards} == {(64 // tensor, 8)}
 
 

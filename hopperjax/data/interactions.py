@@ -248,24 +248,25 @@ class SyntheticSpec:
 
 
 def synthetic(spec: SyntheticSpec, seed: int) -> Interactions:
-    """Interactions from ``spec``; the hidden structure depends on ``seed`` only through the
-    generator's fixed parameters (seed 0), so a training and a held-out set drawn with different
-    seeds share it."""
+    """Interactions from ``spec``. The hidden structure (factors, biases, which ids are popular)
+    is fixed (seed 0); ``seed`` draws the interactions, so a training and a held-out set drawn
+    with different seeds share the structure."""
     structure = np.random.default_rng(0)
     factors = [
         structure.normal(0, 1 / math.sqrt(spec.rank), (n, spec.rank)) for n in spec.table_sizes
     ]
     biases = [structure.normal(0, 0.3, n) for n in spec.table_sizes]
     weights = structure.normal(0, 0.3, spec.num_dense)
+    popular = [structure.permutation(n) for n in spec.table_sizes]  # which ids are popular
     rng = np.random.default_rng(seed + 1)
     n, tables = spec.rows, len(spec.table_sizes)
     sparse = np.full((n, tables, spec.hot), PAD_ID, np.int32)
     pooled = np.zeros((n, tables, spec.rank))
     bias = np.zeros(n)
     for t, size in enumerate(spec.table_sizes):
-        # Power-law popularity over a random permutation of the rows (popular ids are not 0..k).
+        # Power-law popularity, over the structure's order of the rows (popular ids are not 0..k).
         p = np.arange(1, size + 1, dtype=np.float64) ** -spec.zipf
-        rows = rng.permutation(size)[rng.choice(size, size=(n, spec.hot), p=p / p.sum())]
+        rows = popular[t][rng.choice(size, size=(n, spec.hot), p=p / p.sum())]
         length = rng.integers(1, spec.hot + 1, n)
         used = np.arange(spec.hot)[None, :] < length[:, None]
         sparse[:, t] = np.where(used, rows, PAD_ID)

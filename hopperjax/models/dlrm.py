@@ -47,6 +47,7 @@ class DLRMConfig(config_lib.ModelConfig):
     ``top_mlp``: hidden widths, comma-separated (the bottom MLP ends in ``embed_dim``, the top MLP
     in one output). ``interaction``: ``dot`` (pairwise dot products) or ``cat``. ``pooling`` of a
     multi-hot bag: ``sum`` or ``mean``. ``init_std`` of the tables (the MLPs use fan-in scaling).
+    ``l2``: weight of the squared norms of the vectors each example looks up, in the loss.
     """
 
     kind: Literal["dlrm", "mf"] = "dlrm"
@@ -57,6 +58,7 @@ class DLRMConfig(config_lib.ModelConfig):
     interaction: Literal["dot", "cat"] = "dot"
     pooling: Literal["sum", "mean"] = "sum"
     init_std: float = 0.05
+    l2: float = 0.0
 
     @property
     def tables(self) -> tuple[int, ...]:
@@ -91,6 +93,8 @@ class DLRMConfig(config_lib.ModelConfig):
             )
         config_lib.positive("model.embed_dim", self.embed_dim)
         config_lib.positive("model.init_std", self.init_std)
+        if self.l2 < 0:
+            raise ConfigError("model.l2", f"expected >= 0, got {self.l2}")
 
 
 def _mlp(
@@ -117,8 +121,29 @@ def pooled_lookup(table: jax.Array, ids: jax.Array, pooling: str) -> jax.Array:
     return total
 
 
+class Table(nn.Module):
+    """One embedding table (its ``embedding`` [rows, dim], decayed like other embeddings) and its
+    pooled bag lookup: ``ids`` [batch, hot] -> [batch, dim]."""
+
+    rows: int
+    dim: int
+    std: float
+    pooling: str
+    policy: Policy
+
+    @nn.compact
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        init = layers.normal_init(self.std, TABLE_AXES)
+        table = self.param("embedding", init, (self.rows, self.dim), self.policy.param_dtype)
+        return pooled_lookup(table.astype(self.policy.compute_dtype), ids, self.pooling)
+
+
 class DLRM(nn.Module):
-    """``(dense [batch, num_dense] float32, sparse [batch, tables, hot] int32) -> [batch]``.
+    """``(dense [batch, num_dense] float32, sparse [batch, tables, hot] int32) -> (predictions
+    [batch], penalty [batch])``: the penalty is the squared norm of every vector the example
+    looked up (its bags, and for ``mf`` its biases), which ``model.l2`` weighs in the loss: the
+    per-example L2 regularization of Funk's SVD (and Surprise's), applied to the rows a batch
+    reads rather than decaying every row at every step.
 
     ``target_mean``: ratings are predicted as an offset from this value (the training split's
     mean, kept in the ``target_stats`` collection so a restored model needs no data); None for
@@ -131,25 +156,28 @@ class DLRM(nn.Module):
     @nn.compact
     def __call__(
         self, dense: jax.Array, sparse: jax.Array, *, deterministic: bool = True
-    ) -> jax.Array:
+    ) -> tuple[jax.Array, jax.Array]:
         del deterministic  # no dropout
         c, policy = self.config, self.policy
-        tables = []
-        for t, rows in enumerate(c.tables):
-            init = layers.normal_init(c.init_std, TABLE_AXES)
-            tables.append(self.param(f"table_{t}", init, (rows, c.embed_dim), policy.param_dtype))
         bags = [
-            pooled_lookup(table.astype(policy.compute_dtype), sparse[:, t], c.pooling)
-            for t, table in enumerate(tables)
+            Table(rows, c.embed_dim, c.init_std, c.pooling, policy, name=f"table_{t}")(sparse[:, t])
+            for t, rows in enumerate(c.tables)
         ]
-        out = self._factorization(bags, sparse) if c.kind == "mf" else self._dlrm(dense, bags)
+        penalty = sum((bag.astype(jnp.float32) ** 2).sum(-1) for bag in bags)
+        if c.kind == "mf":
+            out, bias_penalty = self._factorization(bags, sparse)
+            penalty = penalty + bias_penalty
+        else:
+            out = self._dlrm(dense, bags)
         out = out.astype(jnp.float32)
-        if self.target_mean is None:
-            return out
-        mean0 = self.target_mean
-        return out + self.variable(TARGET_STATS, "mean", lambda: jnp.float32(mean0)).value
+        if self.target_mean is not None:
+            mean0 = self.target_mean
+            out = out + self.variable(TARGET_STATS, "mean", lambda: jnp.float32(mean0)).value
+        return out, penalty
 
-    def _factorization(self, bags: list[jax.Array], sparse: jax.Array) -> jax.Array:
+    def _factorization(
+        self, bags: list[jax.Array], sparse: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
         c = self.config
         zeros = nn.with_logical_partitioning(nn.initializers.zeros_init(), TABLE_AXES)
         biases = [
@@ -157,9 +185,11 @@ class DLRM(nn.Module):
             for t, rows in enumerate(c.tables)
         ]
         out = (bags[0] * bags[1]).sum(-1)
+        penalty = jnp.zeros_like(out, jnp.float32)
         for t, bias in enumerate(biases):
-            out = out + pooled_lookup(bias, sparse[:, t], c.pooling)[:, 0]
-        return out
+            b = pooled_lookup(bias, sparse[:, t], c.pooling)[:, 0]
+            out, penalty = out + b, penalty + b.astype(jnp.float32) ** 2
+        return out, penalty
 
     def _dlrm(self, dense: jax.Array, bags: list[jax.Array]) -> jax.Array:
         c, policy = self.config, self.policy

@@ -98,10 +98,12 @@ class Recommendation(Workload):
         "data.synthetic_rows=1024",
         "data.synthetic_dense=3",
         "data.synthetic_hot=2",
+        "data.fold=null",
+        "model.kind=dlrm",
         "model.table_sizes=64,48,40",
         "model.embed_dim=8",
-        "model.bottom_mlp=16",
-        "model.top_mlp=32",
+        "model.bottom_mlp=16,8",
+        "model.top_mlp=32,16",
         "train.batch_size=64",
     )
 
@@ -242,12 +244,20 @@ class Recommendation(Workload):
     # ------------------------------------------------------------------------------------------
     # Loss and metrics
 
-    def loss(self, outputs: jax.Array, batch: Any) -> jax.Array:
-        """Mean binary cross-entropy of click logits, or mean squared error of ratings."""
+    def predict(self, model: Any, variables: dict[str, Any], batch: Any) -> jax.Array:
+        """Click logits or ratings [batch] (without the training-only penalty)."""
+        return model.apply(variables, *self.model_inputs(batch), deterministic=True)[0]
+
+    def loss(self, outputs: tuple[jax.Array, jax.Array], batch: Any) -> jax.Array:
+        """Mean binary cross-entropy of click logits, or mean squared error of ratings, plus
+        ``model.l2`` x the mean squared norm of the looked-up vectors."""
+        predictions, penalty = outputs
         labels = batch["labels"]
         if self.config.data.task == "clicks":
-            return optax.sigmoid_binary_cross_entropy(outputs, labels).mean()
-        return jnp.mean((outputs - labels) ** 2)
+            data_loss = optax.sigmoid_binary_cross_entropy(predictions, labels).mean()
+        else:
+            data_loss = jnp.mean((predictions - labels) ** 2)
+        return data_loss + self.config.model.l2 * penalty.mean()
 
     def eval_outputs(self, outputs: jax.Array, batch: Any) -> dict[str, jax.Array]:
         """Per-row predictions, labels and weights (0 for padding): AUC needs them all."""
