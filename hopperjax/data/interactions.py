@@ -247,31 +247,70 @@ class SyntheticSpec:
     noise: float = 0.5
 
 
+_MASK64 = np.uint64(2**64 - 1)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer: uint64 -> well-mixed uint64, elementwise."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _hashed_normal(ids: np.ndarray, salt: int) -> np.ndarray:
+    """A fixed standard normal per (id, salt), from a hash (Box-Muller): a table's hidden
+    vectors without materializing the table, so tables of 40M rows cost nothing up front."""
+    with np.errstate(over="ignore"):
+        x = ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(salt * 0x632BE5AB)
+    a, b = _mix(x), _mix(x ^ np.uint64(0xD1B54A32D192ED03))
+    u1 = ((a >> np.uint64(11)).astype(np.float64) + 0.5) / 2.0**53
+    u2 = (b >> np.uint64(11)).astype(np.float64) / 2.0**53
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+
+def _power_law_ranks(rng: np.random.Generator, size: int, exponent: float, shape) -> np.ndarray:
+    """Popularity ranks 0..size-1 with P(rank r) ~ (r + 1) ** -exponent (continuous inverse-CDF
+    sampling, floored: O(samples), whatever ``size``)."""
+    u = rng.random(shape)
+    if abs(exponent - 1.0) < 1e-9:
+        r = np.exp(u * np.log(size + 1.0))
+    else:
+        a = 1.0 - exponent
+        r = (u * ((size + 1.0) ** a - 1.0) + 1.0) ** (1.0 / a)
+    return np.minimum(np.floor(r).astype(np.int64) - 1, size - 1)
+
+
+def _popular_id(ranks: np.ndarray, size: int, table: int) -> np.ndarray:
+    """The id of each popularity rank: a fixed affine permutation of 0..size-1 per table (popular
+    ids are not 0..k, and which ids are popular is part of the structure)."""
+    step = int(_mix(np.array([table + 1], np.uint64))[0] % np.uint64(size)) | 1
+    while math.gcd(step, size) != 1:
+        step += 2
+    return (ranks * step + 7919 * table) % size
+
+
 def synthetic(spec: SyntheticSpec, seed: int) -> Interactions:
-    """Interactions from ``spec``. The hidden structure (factors, biases, which ids are popular)
-    is fixed (seed 0); ``seed`` draws the interactions, so a training and a held-out set drawn
-    with different seeds share the structure."""
-    structure = np.random.default_rng(0)
-    factors = [
-        structure.normal(0, 1 / math.sqrt(spec.rank), (n, spec.rank)) for n in spec.table_sizes
-    ]
-    biases = [structure.normal(0, 0.3, n) for n in spec.table_sizes]
-    weights = structure.normal(0, 0.3, spec.num_dense)
-    popular = [structure.permutation(n) for n in spec.table_sizes]  # which ids are popular
+    """Interactions from ``spec``. The hidden structure (each id's factors and bias, which ids
+    are popular, the dense features' weights) is fixed; ``seed`` draws the interactions, so a
+    training and a held-out set drawn with different seeds share the structure. Memory and time
+    are O(rows x tables x hot), whatever the table sizes."""
     rng = np.random.default_rng(seed + 1)
-    n, tables = spec.rows, len(spec.table_sizes)
-    sparse = np.full((n, tables, spec.hot), PAD_ID, np.int32)
-    pooled = np.zeros((n, tables, spec.rank))
+    n, tables, hot, rank = spec.rows, len(spec.table_sizes), spec.hot, spec.rank
+    sparse = np.full((n, tables, hot), PAD_ID, np.int32)
+    pooled = np.zeros((n, tables, rank))
     bias = np.zeros(n)
     for t, size in enumerate(spec.table_sizes):
-        # Power-law popularity, over the structure's order of the rows (popular ids are not 0..k).
-        p = np.arange(1, size + 1, dtype=np.float64) ** -spec.zipf
-        rows = popular[t][rng.choice(size, size=(n, spec.hot), p=p / p.sum())]
-        length = rng.integers(1, spec.hot + 1, n)
-        used = np.arange(spec.hot)[None, :] < length[:, None]
+        rows = _popular_id(_power_law_ranks(rng, size, spec.zipf, (n, hot)), size, t)
+        length = rng.integers(1, hot + 1, n)
+        used = np.arange(hot)[None, :] < length[:, None]
         sparse[:, t] = np.where(used, rows, PAD_ID)
-        pooled[:, t] = (factors[t][rows] * used[..., None]).sum(1) / length[:, None]
-        bias += (biases[t][rows] * used).sum(1) / length
+        factors = np.stack(
+            [_hashed_normal(rows, 1000 * t + k) for k in range(rank)], axis=-1
+        ) / math.sqrt(rank)  # [n, hot, rank]
+        pooled[:, t] = (factors * used[..., None]).sum(1) / length[:, None]
+        bias += (0.3 * _hashed_normal(rows, 1000 * t + 999) * used).sum(1) / length
+    weights = 0.3 * _hashed_normal(np.arange(spec.num_dense), 10**6)
     dense = np.abs(rng.normal(0, 1, (n, spec.num_dense))).astype(np.float32)
     # Pairwise factor interactions between consecutive tables (users x items for two tables).
     score = bias + dense @ weights
