@@ -91,3 +91,30 @@ def test_attention_bench_times_each_kernel_and_checks_it_against_xla(capsys):
     assert report["rel_err_vs_xla"]["auto"] < 2e-5  # the CPU path agrees with XLA's
     # No GPU here: cudnn is reported as skipped with the config error's reason, not timed.
     assert "cudnn" not in report["ms"] and "NVIDIA GPU" in report["skipped"]["cudnn"]
+
+
+def test_ratings_benchmark_runs_movielens_folds_and_keeps_finished_ones(tmp_path, capsys):
+    import numpy as np
+
+    benchmark = load_script("ratings_benchmark")
+    data = tmp_path / "ml-100k"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for fold in (1, 2):
+        for split, n in (("base", 300), ("test", 60)):
+            lines = [f"{rng.integers(1, 20)}\t{rng.integers(1, 30)}\t{rng.integers(1, 6)}\t0"
+                     for _ in range(n)]  # fmt: skip
+            (data / f"u{fold}.{split}").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    tiny = ["model.table_sizes=20,30", "model.embed_dim=4", "train.steps=4", "train.batch_size=32",
+            "train.eval_every=4", "train.log_every=2", "train.checkpoint_every=4"]  # fmt: skip
+    argv = ["--data", str(data), "--folds", "1,2", "--out", str(out), *tiny]
+    assert benchmark.main(argv) == 0
+    table = (out / "table.md").read_text()
+    assert "| hopperjax |" in table and "| SVD (Surprise), published | 0.934 | 0.737 | 5 |" in table
+    runs = json.loads((out / "results.json").read_text())
+    assert [r["fold"] for r in runs] == [1, 2] and all(r["ratings"] == 60 for r in runs)
+    capsys.readouterr()
+    assert benchmark.main(argv) == 0
+    assert capsys.readouterr().out.count("kept from") == 2
+    assert benchmark.main(["--data", str(tmp_path / "nowhere"), "--out", str(out / "x")]) == 2
