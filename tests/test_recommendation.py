@@ -110,6 +110,7 @@ LAYOUTS = {
     "data8": ["mesh.data=8"],
     "tensor8": ["mesh.data=1", "mesh.tensor=8"],
     "data2_tensor4": ["mesh.data=2", "mesh.tensor=4"],
+    "data8_rows_everywhere": ["mesh.data=8", "model.table_sharding=all"],
 }
 # Tables of 64, 48 and 40 rows divide by 8; a click task with dense features and multi-hot bags.
 RUN = [*SMOKE, "data.synthetic_task=clicks", "train.steps=6", "train.log_every=1",
@@ -137,9 +138,9 @@ def test_hybrid_layouts_give_one_devices_losses_and_split_the_tables(layout, one
     assert evals[-1]["eval_auc"] == pytest.approx(
         [r for r in one_device.history if "eval_auc" in r][-1]["eval_auc"], abs=1e-5
     )
-    tensor = config.mesh.tensor
+    ways = 8 if config.model.table_sharding == "all" else config.mesh.tensor
     table = result.state.params["table_0"]["embedding"]
-    assert {s.data.shape for s in table.addressable_shards} == {(64 // tensor, 8)}
+    assert {s.data.shape for s in table.addressable_shards} == {(64 // ways, 8)}
 
 
 def test_inspect_lists_the_lookups_collective_and_a_tensor_share_of_the_state():

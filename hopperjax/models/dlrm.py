@@ -48,6 +48,10 @@ class DLRMConfig(config_lib.ModelConfig):
     in one output). ``interaction``: ``dot`` (pairwise dot products) or ``cat``. ``pooling`` of a
     multi-hot bag: ``sum`` or ``mean``. ``init_std`` of the tables (the MLPs use fan-in scaling).
     ``l2``: weight of the squared norms of the vectors each example looks up, in the loss.
+    ``table_sharding``: the tables' rows split over the ``tensor`` mesh axis (``tensor``: the
+    MLPs then run replicated on a tensor group, data-parallel across groups) or over every
+    device (``all``: with ``mesh.data`` = all devices, each holds 1/N of every table and 1/N of
+    the batch, TorchRec's row-wise sharding beside data-parallel MLPs).
     """
 
     kind: Literal["dlrm", "mf"] = "dlrm"
@@ -59,6 +63,7 @@ class DLRMConfig(config_lib.ModelConfig):
     pooling: Literal["sum", "mean"] = "sum"
     init_std: float = 0.05
     l2: float = 0.0
+    table_sharding: Literal["tensor", "all"] = "tensor"
 
     @property
     def tables(self) -> tuple[int, ...]:

@@ -236,7 +236,10 @@ class Recommendation(Workload):
         }
 
     def axis_rules(self) -> tuple[tuple[str, Any], ...]:
-        return (("table_rows", "tensor"), ("table_dim", None))
+        rows = (
+            "tensor" if self.config.model.table_sharding == "tensor" else ("data", "fsdp", "tensor")
+        )
+        return (("table_rows", rows), ("table_dim", None))
 
     def model_inputs(self, batch: Any) -> tuple[Any, ...]:
         return (batch["dense"], batch["sparse"])
