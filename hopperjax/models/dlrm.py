@@ -140,7 +140,8 @@ class Table(nn.Module):
     def __call__(self, ids: jax.Array) -> jax.Array:
         init = layers.normal_init(self.std, TABLE_AXES)
         table = self.param("embedding", init, (self.rows, self.dim), self.policy.param_dtype)
-        return pooled_lookup(table.astype(self.policy.compute_dtype), ids, self.pooling)
+        # Gather, then cast: casting the table first would copy all of it every step.
+        return pooled_lookup(table, ids, self.pooling).astype(self.policy.compute_dtype)
 
 
 class DLRM(nn.Module):
