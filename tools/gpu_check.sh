@@ -179,6 +179,15 @@ IMAGE_BENCH=(data.source=synthetic data.path=null data.synthetic_images=50000 --
   --pipeline-batches 10)
 check bench_image 45 "$PY" tools/bench_loop.py --config configs/cifar10_resnet.yaml precision=bf16 \
   "${IMAGE_BENCH[@]}"
+# Recommendation (issue 20): the CPU-scaled Criteo DLRM (26 hashed tables, Kaggle MLP shapes) on
+# generated clicks in bf16: bare step vs full loop, pipeline throughput, examples/s.
+DLRM_BENCH=(data.source=synthetic data.path=null data.synthetic_dense=13 data.synthetic_task=clicks
+  data.synthetic_rows=262144 --steps 100)
+[[ -n "${SMOKE:-}" ]] && DLRM_BENCH=(data.source=synthetic data.path=null data.synthetic_dense=13
+  data.synthetic_task=clicks data.synthetic_rows=4096 train.batch_size=256 train.log_every=5
+  --steps 10 --chunk 5 --pipeline-batches 10)
+check bench_dlrm 45 "$PY" tools/bench_loop.py --config configs/dlrm_criteo.yaml precision=bf16 \
+  "${DLRM_BENCH[@]}"
 # Translation (issue 19): the Multi30k recipe in bf16, cut to 1,000 steps, then beam-search BLEU
 # and chrF on test_2016_flickr (experiments/translation_benchmark.py). Needs .data/multi30k.
 MT_SHORT=(train.steps=1000 train.eval_every=500)
