@@ -10,12 +10,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import REPO
 
 import hopperjax
 from hopperjax import inspect as inspect_lib
 from hopperjax import workloads
 from hopperjax.data import interactions as ix
 from hopperjax.data.errors import DataError
+from hopperjax.data.grain_io import ProcessShard
 from hopperjax.models import dlrm
 
 SMOKE = ["workload=recommendation", *workloads.get("recommendation").smoke_overrides]
@@ -174,3 +176,67 @@ def test_factorization_reaches_the_synthetic_noise_floor(tmp_path):
     result = hopperjax.train(hopperjax.load_config(None, overrides), console=False)
     [final] = [r for r in result.history if "eval_rmse" in r]
     assert final["eval_rmse"] < 0.6, final
+
+
+def _criteo_file(path, n, seed=0, bad_every=0):
+    rng = np.random.default_rng(seed)
+    lines = []
+    for i in range(n):
+        ints = [int(x) if x >= 0 else "" for x in rng.integers(-1, 50, 13)]
+        cats = [f"{x:08x}" if x % 7 else "" for x in rng.integers(0, 2**32, 26)]
+        lines.append(_criteo_line(int(rng.random() < 0.3), ints, cats))
+        if bad_every and i % bad_every == bad_every - 1:
+            lines.append("1\tnot enough fields")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_converted_shards_hold_the_files_rows_and_train_the_same_batches(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(REPO / "tools"))
+    import convert_interactions
+
+    source = tmp_path / "day.tsv"
+    _criteo_file(source, 300, bad_every=100)
+    sizes = ",".join(["64"] * 26)
+    out = tmp_path / "shards"
+    argv = ["--source", str(source), "--out", str(out), "--table-sizes", sizes,
+            "--chunk-rows", "128", "--bad-records", "skip"]  # fmt: skip
+    assert convert_interactions.main(argv) == 0
+    direct = ix.read_criteo(source, (64,) * 26, skip_bad=True)
+    records = ix.read_interaction_shards(out, (64,) * 26)
+    assert len(records) == len(direct) == 300 and records.skipped == direct.skipped == 3
+    loaded = records.load()
+    for field in ("dense", "sparse", "labels"):
+        np.testing.assert_array_equal(getattr(loaded, field), getattr(direct, field))
+    assert len(list(out.glob("all-*-of-00003.array_record"))) == 3  # 128 + 128 + 44 rows
+
+    common = ["workload=recommendation", f"model.table_sizes={sizes}", "model.embed_dim=4",
+              "model.bottom_mlp=8", "model.top_mlp=8", "train.batch_size=32",
+              "data.bad_records=skip", "data.shuffle=true"]  # fmt: skip
+    batches = []
+    for extra in (
+        ["data.source=criteo", f"data.path={source}"],
+        ["data.source=criteo_shards", f"data.path={out}"],
+        ["data.source=criteo_shards", f"data.path={out}", "data.preload=false"],
+    ):
+        config = hopperjax.load_config(None, [*common, *extra, f"run_dir={tmp_path / 'r'}"])
+        workload = workloads.get("recommendation")(config)
+        datasets = workload.build_datasets(ProcessShard())
+        batches.append((next(iter(datasets.train)), list(datasets.eval)))
+        assert datasets.meta.train_rows == 270 and datasets.meta.skipped == 3
+    for train, held in batches[1:]:
+        for key in train:
+            np.testing.assert_array_equal(train[key], batches[0][0][key])
+        assert len(held) == len(batches[0][1])
+        for a, b in zip(held, batches[0][1], strict=True):
+            np.testing.assert_array_equal(a["sparse"], b["sparse"])
+
+    with pytest.raises(hopperjax.ConfigError, match=r"hashed to tables of 64,64"):
+        other = ["data.source=criteo_shards", f"data.path={out}",
+                 "model.table_sizes=" + ",".join(["128"] * 26)]  # fmt: skip
+        config = hopperjax.load_config(None, [*common, *other, f"run_dir={tmp_path / 'q'}"])
+        workloads.get("recommendation")(config).build_datasets(ProcessShard())
+    assert convert_interactions.main([*argv[:-2], "--bad-records", "error"]) == 2
+    with pytest.raises(DataError, match=r"no dataset\.json"):
+        ix.read_interaction_shards(tmp_path, (64,) * 26)

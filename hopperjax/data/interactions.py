@@ -35,10 +35,13 @@ import dataclasses
 import gzip
 import math
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from hopperjax.data import record_shards
 from hopperjax.data.errors import DataError, one_line
 
 PAD_ID = -1
@@ -132,46 +135,87 @@ def hash_id(value: bytes, rows: int) -> int:
     return zlib.crc32(value) % (rows - 1) + 1 if rows > 1 else 0
 
 
-def read_criteo(
-    path: str | Path, table_sizes: tuple[int, ...], *, skip_bad: bool = False
-) -> Interactions:
-    """Criteo's TSV (``.gz`` too): one row per line, ``label`` then 13 integers then 26
-    hexadecimal categories, tab-separated; categories hashed to ``table_sizes`` (26 sizes)."""
+def iter_criteo(
+    path: str | Path, table_sizes: tuple[int, ...], *, skip_bad: bool = False,
+    chunk_rows: int = 1 << 20,
+):  # fmt: skip
+    """Criteo's TSV (``.gz`` too), ``chunk_rows`` lines at a time (a file of any size streams):
+    ``Interactions`` chunks, each with the bad lines it skipped. One row per line: ``label``
+    then 13 integers then 26 hexadecimal categories, tab-separated; categories hashed to
+    ``table_sizes`` (26 sizes)."""
     path = Path(path)
     if len(table_sizes) != CRITEO_TABLES:
         raise DataError(f"Criteo has {CRITEO_TABLES} tables, got {len(table_sizes)} table sizes")
     fields = 1 + CRITEO_DENSE + CRITEO_TABLES
-    labels, dense, sparse, skipped = [], [], [], 0
-    for number, line in enumerate(_read_lines(path), 1):
-        parts = line.split(b"\t")
-        try:
-            if len(parts) != fields:
-                raise ValueError(f"{len(parts)} tab-separated fields, expected {fields}")
-            label = int(parts[0])
-            if label not in (0, 1):
-                raise ValueError(f"label {label}, expected 0 or 1")
-            counts = [max(int(x), 0) if x else 0 for x in parts[1 : 1 + CRITEO_DENSE]]
-            cats = parts[1 + CRITEO_DENSE :]
-            for x in cats:
-                if x:
-                    int(x, 16)  # a category must be hexadecimal
-        except ValueError as e:
-            if skip_bad:
-                skipped += 1
-                continue
-            raise DataError(f"{path} line {number}: {one_line(e)}") from None
-        labels.append(label)
-        dense.append(counts)
-        sparse.append(
-            [hash_id(x, rows) if x else 0 for x, rows in zip(cats, table_sizes, strict=True)]
+    labels, dense, sparse, skipped, seen = [], [], [], 0, 0
+
+    def chunk() -> Interactions:
+        return Interactions(
+            np.log1p(np.asarray(dense, np.float32).reshape(-1, CRITEO_DENSE)),
+            np.asarray(sparse, np.int32).reshape(-1, CRITEO_TABLES, 1),
+            np.asarray(labels, np.float32),
+            skipped,
         )
-    if not labels:
-        raise DataError(f"{path}: no valid rows ({skipped} skipped)")
+
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as handle:
+            for number, line in enumerate(handle, 1):
+                seen += 1
+                parts = line.rstrip(b"\r\n").split(b"\t")
+                try:
+                    if len(parts) != fields:
+                        raise ValueError(f"{len(parts)} tab-separated fields, expected {fields}")
+                    label = int(parts[0])
+                    if label not in (0, 1):
+                        raise ValueError(f"label {label}, expected 0 or 1")
+                    counts = [max(int(x), 0) if x else 0 for x in parts[1 : 1 + CRITEO_DENSE]]
+                    cats = parts[1 + CRITEO_DENSE :]
+                    for x in cats:
+                        if x:
+                            int(x, 16)  # a category must be hexadecimal
+                except ValueError as e:
+                    if skip_bad:
+                        skipped += 1
+                        continue
+                    raise DataError(f"{path} line {number}: {one_line(e)}") from None
+                labels.append(label)
+                dense.append(counts)
+                sparse.append(
+                    [
+                        hash_id(x, rows) if x else 0
+                        for x, rows in zip(cats, table_sizes, strict=True)
+                    ]
+                )
+                if len(labels) == chunk_rows:
+                    yield chunk()
+                    labels, dense, sparse, skipped = [], [], [], 0
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise DataError(f"{path}: cannot read ({one_line(e)})") from None
+    if not seen:
+        raise DataError(f"{path}: empty")
+    if labels or skipped:
+        yield chunk()
+
+
+def read_criteo(
+    path: str | Path, table_sizes: tuple[int, ...], *, skip_bad: bool = False
+) -> Interactions:
+    """All of a Criteo TSV in memory (``iter_criteo``'s chunks joined)."""
+    chunks = list(iter_criteo(path, table_sizes, skip_bad=skip_bad))
+    rows = concatenate(chunks)
+    if not len(rows):
+        raise DataError(f"{path}: no valid rows ({rows.skipped} skipped)")
+    return rows
+
+
+def concatenate(chunks: list[Interactions]) -> Interactions:
     return Interactions(
-        np.log1p(np.asarray(dense, np.float32)),
-        np.asarray(sparse, np.int32)[:, :, None],
-        np.asarray(labels, np.float32),
-        skipped,
+        np.concatenate([c.dense for c in chunks]),
+        np.concatenate([c.sparse for c in chunks]),
+        np.concatenate([c.labels for c in chunks]),
+        sum(c.skipped for c in chunks),
+        np.concatenate([c.weights for c in chunks]),
     )
 
 
@@ -323,14 +367,145 @@ def synthetic(spec: SyntheticSpec, seed: int) -> Interactions:
     return Interactions(dense, sparse, labels.astype(np.float32))
 
 
+# ----------------------------------------------------------------------------------------------
+# ArrayRecord shards (tools/convert_interactions.py): one fixed-size record per interaction.
+
+SHARDS_FORMAT = "hopperjax-interaction-shards/1"
+
+
+def _layout(num_dense: int, tables: int, hot: int) -> np.dtype:
+    return np.dtype(
+        [("dense", "<f4", (num_dense,)), ("sparse", "<i4", (tables, hot)), ("label", "<f4")]
+    )
+
+
+def encode_records(rows: Interactions) -> list[bytes]:
+    """One record per interaction: dense float32, ids int32, label float32, little-endian."""
+    packed = np.empty(len(rows), _layout(rows.dense.shape[1], rows.tables, rows.sparse.shape[2]))
+    packed["dense"], packed["sparse"], packed["label"] = rows.dense, rows.sparse, rows.labels
+    return [packed[i].tobytes() for i in range(len(rows))]
+
+
+def write_interaction_shards(
+    chunks: Iterable[Interactions], out_dir: str | Path, *, table_sizes: tuple[int, ...],
+    source: str = "", split: str = "all",
+) -> dict[str, Any]:  # fmt: skip
+    """Every chunk as one shard of ``split`` (a stream of chunks: a file of any size), with a
+    ``dataset.json`` naming the layout and the table sizes the ids were hashed to."""
+    # Filled in as the chunks stream by; write_shards writes it after the last shard.
+    meta: dict[str, Any] = {"format": SHARDS_FORMAT, "source": source,
+                            "table_sizes": list(table_sizes)}  # fmt: skip
+    skipped = [0]
+
+    def shards():
+        for rows in chunks:
+            skipped[0] += rows.skipped
+            layout = {"num_dense": rows.dense.shape[1], "tables": rows.tables,
+                      "hot": rows.sparse.shape[2]}  # fmt: skip
+            if "tables" in meta and any(meta[k] != v for k, v in layout.items()):
+                raise DataError(f"chunks of different layouts: {meta} and {layout}")
+            meta.update(layout)
+            if len(rows):
+                yield encode_records(rows)
+
+    return record_shards.write_shards(
+        out_dir, {split: shards()}, meta=meta, counts=lambda _: {"skipped": skipped[0]}
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class InteractionRecords:
+    """The interactions of one shard split, read a batch at a time (a source for
+    ``EpochBatches``, like ``Interactions``). ``order[i]`` is the record behind row ``i``; -1 is
+    an all-padding row of weight 0."""
+
+    reader: record_shards.SplitReader
+    order: np.ndarray
+    layout: tuple[int, int, int]  # num_dense, tables, hot
+    skipped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    @property
+    def tables(self) -> int:
+        return self.layout[1]
+
+    def batch(self, order: np.ndarray) -> dict[str, np.ndarray]:
+        ids = self.order[np.asarray(order, np.int64)]
+        num_dense, tables, hot = self.layout
+        out = {
+            "dense": np.zeros((len(ids), num_dense), np.float32),
+            "sparse": np.full((len(ids), tables, hot), PAD_ID, np.int32),
+            "labels": np.zeros(len(ids), np.float32),
+            "weights": (ids >= 0).astype(np.float32),
+        }
+        real = np.flatnonzero(ids >= 0)
+        if not real.size:
+            return out
+        layout = _layout(*self.layout)
+        joined = b"".join(self.reader.read(ids[real]))
+        if len(joined) != layout.itemsize * real.size:
+            where = Path(self.reader.paths[0]).parent
+            raise DataError(f"{where}: damaged records (not {layout.itemsize} bytes each)")
+        packed = np.frombuffer(joined, layout)
+        out["dense"][real], out["sparse"][real] = packed["dense"], packed["sparse"]
+        out["labels"][real] = packed["label"]
+        return out
+
+    def take(self, order: np.ndarray) -> InteractionRecords:
+        return dataclasses.replace(self, order=self.order[order])
+
+    def padded(self, multiple: int) -> InteractionRecords:
+        extra = -len(self) % multiple
+        return dataclasses.replace(self, order=np.concatenate([self.order, np.full(extra, -1)]))
+
+    def load(self) -> Interactions:
+        """Every row read into memory."""
+        b = self.batch(np.arange(len(self)))
+        return Interactions(b["dense"], b["sparse"], b["labels"], self.skipped, b["weights"])
+
+    def check_ids(self, table_sizes: tuple[int, ...], name: str) -> None:
+        """Nothing to scan: ``read_interaction_shards`` checked the sizes the ids were hashed to."""
+        del table_sizes, name
+
+
+def read_interaction_shards(
+    directory: str | Path, table_sizes: tuple[int, ...], split: str = "all"
+) -> InteractionRecords:
+    """A ``write_interaction_shards`` split. DataError names the directory or file (see
+    ``record_shards``), or the table sizes when they differ from those the ids were hashed to."""
+    meta = record_shards.read_meta(directory, SHARDS_FORMAT, "tools/convert_interactions.py")
+    reader = record_shards.open_split(directory, meta, split)
+    try:
+        layout = (int(meta["num_dense"]), int(meta["tables"]), int(meta["hot"]))
+        hashed = tuple(int(x) for x in meta["table_sizes"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise DataError(f"{directory}: a bad {record_shards.META_NAME} ({one_line(e)})") from None
+    if hashed != tuple(table_sizes):
+        raise DataError(
+            f"{directory}: its ids were hashed to tables of {','.join(map(str, hashed))} rows; "
+            f"set model.table_sizes to that, or convert again"
+        )
+    skipped = int(meta["splits"][split].get("skipped", 0))
+    return InteractionRecords(reader, np.arange(len(reader)), layout, skipped)
+
+
 __all__ = [
     "CRITEO_DENSE",
     "CRITEO_TABLES",
     "PAD_ID",
+    "SHARDS_FORMAT",
+    "InteractionRecords",
     "Interactions",
     "SyntheticSpec",
+    "concatenate",
+    "encode_records",
     "hash_id",
+    "iter_criteo",
     "read_criteo",
+    "read_interaction_shards",
     "read_movielens",
     "synthetic",
+    "write_interaction_shards",
 ]

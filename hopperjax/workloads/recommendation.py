@@ -39,22 +39,25 @@ class InteractionData(config_lib.DataConfig):
     """The ``data:`` group of recommendation.
 
     ``source``: ``criteo`` (``path``: a TSV file, ``.gz`` too; the last ``eval_fraction`` of its
-    rows, in time order, held out), ``movielens`` (``path``: a directory with ``u{fold}.base`` /
-    ``u{fold}.test`` when ``fold`` is set, else with ``u.data`` or ``ratings.csv``, of which a
-    seeded random ``eval_fraction`` is held out) or ``synthetic`` (``synthetic_rows``
-    interactions over the model's tables, ``synthetic_hot`` ids per bag, ``synthetic_dense``
-    features, a hidden structure of ``synthetic_rank`` factors, ``synthetic_task`` clicks or
-    ratings with noise of std ``synthetic_noise``; a quarter as many held out). ``hash_ids``:
-    MovieLens ids hashed to the tables' sizes instead of used as rows. ``bad_records``:
-    ``error`` (one line naming the file and line) or ``skip`` (counted).
+    rows, in time order, held out), ``criteo_shards`` (``path``: a directory of
+    ``tools/convert_interactions.py``, split the same way; ``preload`` reads it into memory at the
+    start, false reads a batch at a time), ``movielens`` (``path``: a directory with
+    ``u{fold}.base`` / ``u{fold}.test`` when ``fold`` is set, else with ``u.data`` or
+    ``ratings.csv``, of which a seeded random ``eval_fraction`` is held out) or ``synthetic``
+    (``synthetic_rows`` interactions over the model's tables, ``synthetic_hot`` ids per bag,
+    ``synthetic_dense`` features, a hidden structure of ``synthetic_rank`` factors,
+    ``synthetic_task`` clicks or ratings with noise of std ``synthetic_noise``; a quarter as many
+    held out). ``hash_ids``: MovieLens ids hashed to the tables' sizes instead of used as rows.
+    ``bad_records``: ``error`` (one line naming the file and line) or ``skip`` (counted).
     """
 
-    source: Literal["criteo", "movielens", "synthetic"] = "synthetic"
+    source: Literal["criteo", "criteo_shards", "movielens", "synthetic"] = "synthetic"
     path: str | None = None
     fold: int | None = None
     eval_fraction: float = 0.1
     hash_ids: bool = False
     bad_records: Literal["error", "skip"] = "error"
+    preload: bool = True
     synthetic_rows: int = 4096
     synthetic_hot: int = 1
     synthetic_dense: int = 0
@@ -65,11 +68,14 @@ class InteractionData(config_lib.DataConfig):
 
     @property
     def task(self) -> str:
-        return {"criteo": "clicks", "movielens": "ratings"}.get(self.source, self.synthetic_task)
+        return {"criteo": "clicks", "criteo_shards": "clicks", "movielens": "ratings"}.get(
+            self.source, self.synthetic_task
+        )
 
     @property
     def num_dense(self) -> int:
-        return {"criteo": ix.CRITEO_DENSE, "movielens": 0}.get(self.source, self.synthetic_dense)
+        dense = {"criteo": ix.CRITEO_DENSE, "criteo_shards": ix.CRITEO_DENSE, "movielens": 0}
+        return dense.get(self.source, self.synthetic_dense)
 
     @property
     def hot(self) -> int:
@@ -133,7 +139,7 @@ class Recommendation(Workload):
                 raise ConfigError("data.path", f"not found: {d.path}")
         if d.fold is not None and (d.source != "movielens" or not 1 <= d.fold <= 5):
             raise ConfigError("data.fold", "1..5, and only with data.source 'movielens'")
-        if d.source == "criteo" and len(m.tables) != ix.CRITEO_TABLES:
+        if d.source.startswith("criteo") and len(m.tables) != ix.CRITEO_TABLES:
             raise ConfigError(
                 "model.table_sizes", f"Criteo has {ix.CRITEO_TABLES} tables, got {len(m.tables)}"
             )
@@ -165,10 +171,16 @@ class Recommendation(Workload):
             held = dataclasses.replace(spec, rows=max(1, d.synthetic_rows // 4))
             return ix.synthetic(spec, self.config.seed), ix.synthetic(held, self.config.seed + 1)
         path = Path(d.path)
-        if d.source == "criteo":
-            rows = ix.read_criteo(path, sizes, skip_bad=skip)
+        if d.source.startswith("criteo"):
+            if d.source == "criteo":
+                rows = ix.read_criteo(path, sizes, skip_bad=skip)
+            else:
+                rows = ix.read_interaction_shards(path, sizes)
+                if d.preload:
+                    rows = rows.load()
             cut = len(rows) - max(1, round(len(rows) * d.eval_fraction))
-            return rows.take(np.arange(cut)), rows.take(np.arange(cut, len(rows)))
+            held = dataclasses.replace(rows.take(np.arange(cut, len(rows))), skipped=0)
+            return rows.take(np.arange(cut)), held
         read = dict(hash_ids=d.hash_ids, skip_bad=skip)
         if d.fold is not None:
             return (
@@ -183,7 +195,8 @@ class Recommendation(Workload):
         rows = ix.read_movielens(path / name, sizes, **read)
         order = np.random.default_rng(self.config.seed).permutation(len(rows))
         cut = len(rows) - max(1, round(len(rows) * d.eval_fraction))
-        return rows.take(np.sort(order[:cut])), rows.take(np.sort(order[cut:]))
+        held = dataclasses.replace(rows.take(np.sort(order[cut:])), skipped=0)
+        return rows.take(np.sort(order[:cut])), held
 
     def build_datasets(self, shard: ProcessShard) -> Datasets[InteractionMeta]:
         """This process's rows of every training batch (reshuffled every epoch) and of the
@@ -203,7 +216,15 @@ class Recommendation(Workload):
                 raise ConfigError("model.table_sizes", str(e)) from None
         if len(train) < t.batch_size:
             raise ConfigError("train.batch_size", f"larger than the {len(train)} training rows")
-        self.label_mean = float(train.labels.mean())
+        # Ratings are predicted from the training mean and clipped to the training range; clicks
+        # need neither (and shard records read lazily have no label array to scan).
+        stats = (0.0, (0.0, 1.0))
+        if config.data.task == "ratings":
+            stats = (
+                float(train.labels.mean()),
+                (float(train.labels.min()), float(train.labels.max())),
+            )
+        self.label_mean = stats[0]
         index, count = shard.index, shard.count
         rows = shard.rows(t.batch_size)
         train_ds = grain.MapDataset.source(
@@ -220,7 +241,7 @@ class Recommendation(Workload):
             eval_rows=len(held),
             skipped=train.skipped + held.skipped,
             label_mean=self.label_mean,
-            label_range=(float(train.labels.min()), float(train.labels.max())),
+            label_range=stats[1],
         )
         self._label_range = meta.label_range
         return Datasets(train=train_ds, eval=eval_ds, meta=meta)
