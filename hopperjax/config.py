@@ -148,9 +148,12 @@ class TrainConfig:
 class OptimConfig:
     """Optimizer and LR schedule; peak LR = ``base_lr`` scaled by batch / ``base_batch_size``.
 
-    Ranges: ``base_lr``, ``eps`` and ``clip_norm`` > 0; ``weight_decay`` >= 0; ``b1``, ``b2``
-    (adamw, lamb) and ``momentum`` (sgd, lars) in [0, 1); ``min_lr_ratio`` in [0, 1];
-    ``warmup_steps`` in [0, 2**31).
+    ``row_lr`` / ``row_eps``: row-wise Adagrad of row-sparse embedding tables, in the workloads
+    that have them (recommendation's ``model.sparse_updates``); constant, not scheduled.
+
+    Ranges: ``base_lr``, ``eps``, ``row_lr``, ``row_eps`` and ``clip_norm`` > 0;
+    ``weight_decay`` >= 0; ``b1``, ``b2`` (adamw, lamb) and ``momentum`` (sgd, lars) in
+    [0, 1); ``min_lr_ratio`` in [0, 1]; ``warmup_steps`` in [0, 2**31).
     """
 
     name: Literal["adamw", "sgd", "lamb", "lars"] = "adamw"
@@ -167,6 +170,8 @@ class OptimConfig:
     momentum: float = 0.9
     nesterov: bool = False
     clip_norm: float | None = 1.0
+    row_lr: float = 0.05
+    row_eps: float = 1e-8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -762,6 +767,8 @@ def validate(config: Config) -> None:
     _positive("optim.base_batch_size", o.base_batch_size, allow_none=True)
     _positive("optim.clip_norm", o.clip_norm, allow_none=True)
     _positive("optim.eps", o.eps)
+    _positive("optim.row_lr", o.row_lr)
+    _positive("optim.row_eps", o.row_eps)
     for key, decay in (("b1", o.b1), ("b2", o.b2), ("momentum", o.momentum)):
         if not 0.0 <= decay < 1.0:
             raise ConfigError(f"optim.{key}", f"expected 0 <= {key} < 1, got {decay}")

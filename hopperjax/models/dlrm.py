@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from hopperjax import config as config_lib
 from hopperjax.config import ConfigError
 from hopperjax.models import layers
+from hopperjax.models.row_table import RowTable
 from hopperjax.precision import Policy
 
 TABLE_AXES = ("table_rows", "table_dim")
@@ -51,7 +52,10 @@ class DLRMConfig(config_lib.ModelConfig):
     ``table_sharding``: the tables' rows split over the ``tensor`` mesh axis (``tensor``: the
     MLPs then run replicated on a tensor group, data-parallel across groups) or over every
     device (``all``: with ``mesh.data`` = all devices, each holds 1/N of every table and 1/N of
-    the batch, TorchRec's row-wise sharding beside data-parallel MLPs).
+    the batch, TorchRec's row-wise sharding beside data-parallel MLPs). ``sparse_updates``: the
+    tables are updated row-sparsely by row-wise Adagrad (``optim.row_lr``) on the rows each
+    batch reads, never forming their dense gradient (``models/row_table.py``); the MLPs (and
+    ``mf``'s biases) keep the configured optimizer.
     """
 
     kind: Literal["dlrm", "mf"] = "dlrm"
@@ -64,6 +68,7 @@ class DLRMConfig(config_lib.ModelConfig):
     init_std: float = 0.05
     l2: float = 0.0
     table_sharding: Literal["tensor", "all"] = "tensor"
+    sparse_updates: bool = False
 
     @property
     def tables(self) -> tuple[int, ...]:
@@ -127,21 +132,27 @@ def pooled_lookup(table: jax.Array, ids: jax.Array, pooling: str) -> jax.Array:
 
 
 class Table(nn.Module):
-    """One embedding table (its ``embedding`` [rows, dim], decayed like other embeddings) and its
-    pooled bag lookup: ``ids`` [batch, hot] -> [batch, dim]."""
+    """One embedding table (a ``RowTable``: row-sparse updates when the train step asks) and
+    its pooled bag lookup: ``ids`` [batch, hot] -> [batch, dim]."""
 
     rows: int
     dim: int
     std: float
     pooling: str
     policy: Policy
+    sparse: bool = False
 
     @nn.compact
     def __call__(self, ids: jax.Array) -> jax.Array:
-        init = layers.normal_init(self.std, TABLE_AXES)
-        table = self.param("embedding", init, (self.rows, self.dim), self.policy.param_dtype)
-        # Gather, then cast: casting the table first would copy all of it every step.
-        return pooled_lookup(table, ids, self.pooling).astype(self.policy.compute_dtype)
+        table = RowTable(self.rows, self.dim, self.std, self.policy, TABLE_AXES, self.sparse,
+                         name="rows")  # fmt: skip
+        rows = table(jnp.maximum(ids, 0))  # [batch, hot, dim]
+        real = ids >= 0
+        total = jnp.where(real[..., None], rows, 0).sum(axis=1)
+        if self.pooling == "mean":
+            total = total / jnp.maximum(real.sum(axis=1, keepdims=True), 1).astype(total.dtype)
+        # Gathered, then cast: casting the table first would copy all of it every step.
+        return total.astype(self.policy.compute_dtype)
 
 
 class DLRM(nn.Module):
@@ -166,7 +177,15 @@ class DLRM(nn.Module):
         del deterministic  # no dropout
         c, policy = self.config, self.policy
         bags = [
-            Table(rows, c.embed_dim, c.init_std, c.pooling, policy, name=f"table_{t}")(sparse[:, t])
+            Table(
+                rows,
+                c.embed_dim,
+                c.init_std,
+                c.pooling,
+                policy,
+                c.sparse_updates,
+                name=f"table_{t}",
+            )(sparse[:, t])
             for t, rows in enumerate(c.tables)
         ]
         penalty = sum((bag.astype(jnp.float32) ** 2).sum(-1) for bag in bags)

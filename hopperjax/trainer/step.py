@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from hopperjax.config import LossScaleConfig
 from hopperjax.precision import loss_scale as loss_scale_lib
+from hopperjax.trainer import rows as rows_lib
 from hopperjax.trainer.state import TrainState, model_variables
 from hopperjax.workloads.base import Workload
 
@@ -70,11 +71,16 @@ def train_step(
     params = fetch(state, "params")
     batch = workload.preprocess(batch, preprocess_key(state.rng, state.step), train=True)
     mutable = list(workload.mutable)
+    row_updates = workload.row_updates()
+    lookups = row_updates.lookups(batch) if row_updates is not None else {}
+    deltas = rows_lib.zero_deltas(params, lookups) if lookups else None
 
     def loss_fn(
-        params: Any, fp8: Any, model_state: Any, batch: Batch, key: jax.Array
+        params: Any, fp8: Any, deltas: Any, model_state: Any, batch: Batch, key: jax.Array
     ) -> tuple[jax.Array, tuple[jax.Array, Any]]:
         variables = model_variables(params, fp8, model_state)
+        if deltas is not None:  # row-sparse tables: see models/row_table.py
+            variables = {**variables, **deltas}
         inputs = workload.model_inputs(batch)
         if mutable:
             outputs, updates = model.apply(
@@ -91,17 +97,19 @@ def train_step(
 
     # FP8 scales and amax histories are differentiated too: their "gradients" are their updated
     # values (Flax's overwrite-with-gradient convention), taken as is, never given to the optimizer.
-    grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
+    grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1, 2), has_aux=True)
+    row_grads = None
     if microbatches == 1:
-        (_, (loss, model_state)), (grads, new_fp8) = grad_fn(
-            params, state.fp8, state.model_state, batch, step_key
+        (_, (loss, model_state)), (grads, new_fp8, row_grads) = grad_fn(
+            params, state.fp8, deltas, state.model_state, batch, step_key
         )
-    else:
+    else:  # (row-sparse tables take one microbatch: the workloads refuse more)
         loss, model_state, grads, new_fp8 = _accumulate(
             grad_fn, params, state.fp8, state.model_state, batch, step_key, microbatches
         )
     if state.loss_scale is not None:
         grads = loss_scale_lib.unscale(grads, state.loss_scale)
+        row_grads = loss_scale_lib.unscale(row_grads, state.loss_scale)
     opt_state = state.opt_state
     if offloading:
         # The barrier makes the optimizer state's copy from host memory wait for the gradients,
@@ -111,6 +119,10 @@ def train_step(
     old = old.replace(opt_state=fetch(old.replace(opt_state=opt_state), "opt_state"))
     updates, opt_state = tx.update(grads, old.opt_state, params)
     params = optax.apply_updates(params, updates)
+    if lookups:
+        params, model_state = rows_lib.apply_row_updates(
+            params, model_state, lookups, row_grads[rows_lib.ROW_DELTAS], row_updates
+        )
     new_state = old.replace(
         params=params, opt_state=opt_state, fp8=new_fp8, model_state=model_state
     )
@@ -123,7 +135,7 @@ def train_step(
     if state.loss_scale is not None:
         # Non-finite gradients anywhere (a global reduction, so all devices agree): keep the old
         # params, optimizer, FP8 and model state, shrink the scale. The step counter advances.
-        finite = loss_scale_lib.all_finite(grads)
+        finite = loss_scale_lib.all_finite((grads, row_grads))
         kept = loss_scale_lib.select(finite, new_state, old)
         new_state = kept.replace(
             loss_scale=loss_scale_lib.adjust(
@@ -180,8 +192,8 @@ def _accumulate(
     def body(carry: tuple[Any, Any, Any, jax.Array], xs: tuple[Batch, jax.Array]):
         grad_sum, fp8_max, state, loss_sum = carry
         micro, index = xs
-        (_, (loss, state)), (grads, new_fp8) = grad_fn(
-            params, fp8, state, micro, jax.random.fold_in(key, index)
+        (_, (loss, state)), (grads, new_fp8, _) = grad_fn(
+            params, fp8, None, state, micro, jax.random.fold_in(key, index)
         )
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grad_sum, grads)
         fp8_max = jax.tree.map(jnp.maximum, fp8_max, new_fp8)

@@ -161,6 +161,15 @@ class Workload(abc.ABC):
         del schedule
         return {}
 
+    def row_updates(self) -> Any | None:
+        """Row-sparse embedding tables (``models/row_table.py``): a ``trainer.rows.RowUpdates``
+        naming each table's lookups in a batch and the row-wise Adagrad settings; the train
+        step then never forms those tables' dense gradients and updates only the rows a batch
+        read. The workload also labels the tables for ``optax.set_to_zero`` (``param_labels``,
+        ``group_optimizers``) so the dense optimizer leaves them alone. None: every parameter
+        is dense (the default)."""
+        return None
+
     def predict(self, model: nn.Module, variables: dict[str, Any], batch: Batch) -> Any:
         """The model's outputs in inference mode; eval, export and serving all call this."""
         return model.apply(variables, *self.model_inputs(batch), deterministic=True)

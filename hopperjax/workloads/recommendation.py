@@ -30,8 +30,11 @@ from hopperjax.data import EpochBatches
 from hopperjax.data import interactions as ix
 from hopperjax.data.errors import DataError
 from hopperjax.models import dlrm
+from hopperjax.models.row_table import TABLE, RowUpdates
 from hopperjax.precision import Policy
-from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload
+from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload, path_labels
+
+SPARSE = "row_sparse"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +148,10 @@ class Recommendation(Workload):
             )
         if d.source == "movielens" and len(m.tables) != 2:
             raise ConfigError("model.table_sizes", f"MovieLens has 2 tables, got {len(m.tables)}")
+        if m.sparse_updates and config.train.microbatches > 1:
+            raise ConfigError(
+                "train.microbatches", "model.sparse_updates updates rows once per batch: use 1"
+            )
         if m.kind == "mf" and d.task != "ratings":
             raise ConfigError("model.kind", "'mf' predicts ratings; clicks need 'dlrm'")
 
@@ -255,6 +262,34 @@ class Recommendation(Workload):
             "labels": Field((batch_size,), jnp.float32, ("batch",)),
             "weights": Field((batch_size,), jnp.float32, ("batch",)),
         }
+
+    # ------------------------------------------------------------------------------------------
+    # Row-sparse tables (model.sparse_updates)
+
+    def row_updates(self) -> RowUpdates | None:
+        m = self.config.model
+        if not m.sparse_updates:
+            return None
+        paths = [(f"table_{t}", "rows") for t in range(len(m.tables))]
+
+        def lookups(batch: Any) -> dict[tuple[str, ...], jax.Array]:
+            # The ids exactly as dlrm.Table hands them to its RowTable.
+            return {p: jnp.maximum(batch["sparse"][:, t], 0) for t, p in enumerate(paths)}
+
+        return RowUpdates(lookups, self.config.optim.row_lr, self.config.optim.row_eps)
+
+    def param_labels(self, params: Any) -> Any | None:
+        if not self.config.model.sparse_updates:
+            return None
+        return path_labels(
+            params, lambda path: SPARSE if path[0].startswith("table_") and path[-1] == TABLE
+            else "default",
+        )  # fmt: skip
+
+    def group_optimizers(self, schedule: optax.Schedule) -> dict[str, Any]:
+        del schedule
+        # No dense update and no state: the train step's row-wise Adagrad owns these tables.
+        return {SPARSE: optax.set_to_zero()} if self.config.model.sparse_updates else {}
 
     def axis_rules(self) -> tuple[tuple[str, Any], ...]:
         rows = (

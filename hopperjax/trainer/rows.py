@@ -1,0 +1,88 @@
+"""Row-sparse updates of ``RowTable`` embeddings: the rows a batch read, and nothing else.
+
+The workload names its row-sparse tables and their lookups (``Workload.row_updates``); the train
+step differentiates zeros shaped like the looked-up rows (``models/row_table.py``) instead of the
+tables, and ``apply_row_updates`` then sums each row's gradient over its occurrences in the
+batch and applies row-wise Adagrad to those rows only:
+
+    acc[r] += mean(g_r ** 2);  table[r] -= lr * g_r / (sqrt(acc[r]) + eps)
+
+Memory and work scale with the batch's ids, never with the tables' rows. The dense optimizer
+gives these tables no update and keeps no state for them (the workload labels them with
+``optax.set_to_zero``); gradient clipping does not see their rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from hopperjax.models.row_table import (
+    ACCUMULATOR,
+    ROW_DELTAS,
+    ROW_OPTIMIZER,
+    TABLE,
+    Path,
+    RowUpdates,
+)
+
+
+def _get(tree: Mapping[str, Any], path: Path) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _set(tree: Mapping[str, Any], path: Path, value: Any) -> dict[str, Any]:
+    if not path:
+        return value
+    return {**tree, path[0]: _set(tree[path[0]], path[1:], value)}
+
+
+def zero_deltas(params: Any, lookups: Mapping[Path, jax.Array]) -> dict[str, Any]:
+    """The ``ROW_DELTAS`` collection: zeros [*ids.shape, dim] at every looked-up table's path."""
+    deltas: dict[str, Any] = {}
+    for path, ids in lookups.items():
+        table = _get(params, path)[TABLE]
+        zeros = jnp.zeros((*ids.shape, table.shape[1]), table.dtype)
+        deltas = _set_new(deltas, path, {TABLE: zeros})
+    return {ROW_DELTAS: deltas}
+
+
+def _set_new(tree: dict[str, Any], path: Path, value: Any) -> dict[str, Any]:
+    if len(path) == 1:
+        return {**tree, path[0]: value}
+    return {**tree, path[0]: _set_new(tree.get(path[0], {}), path[1:], value)}
+
+
+def apply_row_updates(
+    params: Any,
+    model_state: Mapping[str, Any],
+    lookups: Mapping[Path, jax.Array],
+    row_grads: Mapping[str, Any],
+    updates: RowUpdates,
+) -> tuple[Any, dict[str, Any]]:
+    """(params, model_state) with row-wise Adagrad applied to the rows each table read.
+
+    ``row_grads``: the gradient of the ``ROW_DELTAS`` collection (per occurrence of an id)."""
+    accumulators = model_state[ROW_OPTIMIZER]
+    for path, ids in lookups.items():
+        table = _get(params, path)[TABLE]
+        acc = _get(accumulators, path)[ACCUMULATOR]
+        rows, dim = table.shape
+        flat = ids.reshape(-1)
+        grads = _get(row_grads, path)[TABLE].reshape(-1, dim).astype(jnp.float32)
+        # Duplicates summed: sorted unique ids (fixed size: one slot per occurrence, the spare
+        # slots hold `rows`, an index the scatters below drop).
+        unique, inverse = jnp.unique(flat, size=flat.size, fill_value=rows, return_inverse=True)
+        summed = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=flat.size)
+        acc_rows = acc.at[unique].get(mode="fill", fill_value=0.0) + jnp.mean(summed**2, axis=-1)
+        step = updates.learning_rate * summed / (jnp.sqrt(acc_rows)[:, None] + updates.eps)
+        table = table.at[unique].add(-step.astype(table.dtype), mode="drop")
+        acc = acc.at[unique].set(acc_rows, mode="drop")
+        params = _set(params, (*path, TABLE), table)
+        accumulators = _set(accumulators, (*path, ACCUMULATOR), acc)
+    return params, {**model_state, ROW_OPTIMIZER: accumulators}
