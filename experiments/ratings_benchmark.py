@@ -82,10 +82,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_intermixed_args(argv)
     out = Path(args.out)
+    try:
+        folds = [int(f) for f in args.folds.split(",")]
+    except ValueError:
+        print(f"ratings_benchmark: --folds: expected integers like 1,2,3, got {args.folds!r}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     out.mkdir(parents=True, exist_ok=True)
-    folds = [int(f) for f in args.folds.split(",")]
     results = out / "results.json"
-    done = {r["fold"]: r for r in json.loads(results.read_text())} if results.exists() else {}
+    settings = {"config": args.config, "data": args.data, "overrides": args.overrides}
+    done = {}
+    if results.exists():
+        try:
+            done = {r["fold"]: r for r in json.loads(results.read_text())}
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            print(f"ratings_benchmark: {results}: unreadable ({e}); remove it", file=sys.stderr)
+            return 2
+        if any(r.get("settings") != settings for r in done.values()):
+            print(f"ratings_benchmark: {results} holds folds of other settings (config, data or "
+                  f"overrides); use another --out", file=sys.stderr)  # fmt: skip
+            return 2
     try:
         for fold in folds:
             if fold in done:
@@ -94,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             if (out / f"fold{fold}").exists():
                 print(f"fold {fold}: discarding an unfinished run", flush=True)
                 shutil.rmtree(out / f"fold{fold}")
-            r = done[fold] = run_fold(args, fold, out)
+            r = done[fold] = {**run_fold(args, fold, out), "settings": settings}
             print(f"fold {fold}: RMSE {r['rmse']:.4f} MAE {r['mae']:.4f}; {r['wall_s']:.0f} s",
                   flush=True)  # fmt: skip
             partial = results.with_suffix(".json.tmp")

@@ -6,12 +6,12 @@
 
 Per seed: one ``hopperjax.train`` of the recipe, which scores BLEU on the first
 ``data.generate_pairs`` validation pairs at every evaluation (``train.generate_every`` is set to
-``train.eval_every`` unless given: the BLEU-against-steps curve), then the final checkpoint's
-detokenized, case-sensitive sacrebleu BLEU (default 13a tokenization) and chrF on the whole test
-split, decoded by beam search. Seeds already in ``OUT/results.json`` are kept (the benchmark
-resumes). Writes ``table.md`` (mean +- std over seeds, per seed its wall and training time) and
-``bleu.png``. Needs ``pip install 'hopperjax[translate]'`` (SentencePiece, sacrebleu).
-"""
+``train.eval_every`` unless given on the command line: the BLEU-against-steps curve), then the
+final checkpoint's detokenized, case-sensitive sacrebleu BLEU (default 13a tokenization) and chrF
+on the whole test split, decoded by beam search. Seeds already in ``OUT/results.json`` are kept
+(the benchmark resumes). Writes ``table.md`` (mean +- std over seeds, per seed its wall and
+training time) and ``bleu.png``. Needs ``pip install 'hopperjax[translate]'`` (SentencePiece,
+sacrebleu)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,9 @@ from hopperjax.scoring import translation_scores
 
 def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Path) -> dict:
     run_dir = out / f"seed{seed}"
+    # BLEU at every evaluation (the curve) unless the command line says otherwise.
+    if not any(o.startswith("train.generate_every=") for o in overrides):
+        overrides = [*overrides, "train.generate_every=null"]
     config = hopperjax.load_config(args.config, [*overrides, f"seed={seed}", f"run_dir={run_dir}"])
     if config.train.generate_every is None:
         config = config.replace(**{"train.generate_every": config.train.eval_every})
@@ -137,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         if (out / f"seed{seed}").exists():
             print(f"seed {seed}: discarding an unfinished run", flush=True)
             shutil.rmtree(out / f"seed{seed}")
-        r = done[seed] = run_seed(args, args.overrides, seed, out)
+        try:
+            r = done[seed] = run_seed(args, args.overrides, seed, out)
+        except hopperjax.ConfigError as e:
+            print(f"translation_benchmark: {e}", file=sys.stderr)
+            return 2
         test = r["test"]
         print(f"seed {seed}: test BLEU {test['bleu']:.2f} chrF {test['chrf']:.2f}; "
               f"{r['train_s']:.0f} s training, {r['decode_s']:.0f} s decoding",

@@ -118,3 +118,5 @@ def test_ratings_benchmark_runs_movielens_folds_and_keeps_finished_ones(tmp_path
     assert benchmark.main(argv) == 0
     assert capsys.readouterr().out.count("kept from") == 2
     assert benchmark.main(["--data", str(tmp_path / "nowhere"), "--out", str(out / "x")]) == 2
+    assert benchmark.main([*argv, "model.embed_dim=8"]) == 2  # other settings, same --out
+    assert benchmark.main([*argv[:2], "--folds", "a", "--out", str(out)]) == 2

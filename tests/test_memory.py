@@ -329,6 +329,12 @@ def test_search_stops_below_a_batch_the_data_refuses():
     assert search.batch_size == 296 and not search.proven_max
     assert "300 rows" in search.refused
     assert "| 296 (data) |" in budget.search_table([search])
+    # Refused at the smallest batch: nothing to search, a one-line config error.
+    with pytest.raises(hopperjax.ConfigError, match=r"train\.batch_size: larger than the 300"):
+        budget.find_largest_batch(
+            config, budget_bytes=10**6, probe=lambda c, b: probe(c, b + 400),
+            devices=jax.devices(),
+        )  # fmt: skip
 
 
 def test_find_batch_cli_result_fits_and_the_next_power_of_two_does_not(tmp_path, capsys):

@@ -237,7 +237,10 @@ def test_converted_shards_hold_the_files_rows_and_train_the_same_batches(tmp_pat
                  "model.table_sizes=" + ",".join(["128"] * 26)]  # fmt: skip
         config = hopperjax.load_config(None, [*common, *other, f"run_dir={tmp_path / 'q'}"])
         workloads.get("recommendation")(config).build_datasets(ProcessShard())
+    # A failed conversion into the same directory leaves the complete set as it was.
     assert convert_interactions.main([*argv[:-2], "--bad-records", "error"]) == 2
+    assert len(ix.read_interaction_shards(out, (64,) * 26)) == 300
+    assert not list(out.glob(".*"))  # no parts left behind
     with pytest.raises(DataError, match=r"no dataset\.json"):
         ix.read_interaction_shards(tmp_path, (64,) * 26)
 
@@ -311,3 +314,22 @@ def test_row_sparse_step_memory_does_not_grow_with_table_rows():
     dense = [temp(s) for s in (small, large)]
     assert sparse[1] <= sparse[0] * 1.05, sparse
     assert dense[1] > dense[0] * 10, dense
+
+
+def test_row_sparse_updates_under_fp16_loss_scaling_train_and_skip_together(tmp_path):
+    """fp16 with dynamic loss scaling: the row updates are gated by the same finiteness as the
+    dense ones, so a run trains to finite losses and its tables change."""
+    config = hopperjax.load_config(
+        None, [*SPARSE_RUN, "precision=fp16", "train.steps=6", "mesh.data=1",
+               f"run_dir={tmp_path}"],
+    )  # fmt: skip
+    one = jax.devices()[:1]
+    result = hopperjax.train(config, devices=one, console=False)
+    assert np.isfinite(_losses(result)).all()
+    start = hopperjax.load_config(None, [*SPARSE_RUN, "precision=fp16", "train.steps=6",
+                                         "mesh.data=1", f"run_dir={tmp_path / 'x'}"])  # fmt: skip
+    from hopperjax.trainer import build_components
+
+    initial = build_components(start, devices=one).init_state().params
+    table = lambda p: np.asarray(p["table_0"]["rows"]["embedding"])
+    assert not np.array_equal(table(initial), table(result.state.params))

@@ -36,7 +36,9 @@ VARIANTS = {
             "model.gnn_layers=2",
             "data.synthetic_drugs=4",
         ),
-    )
+    ),
+    # Row-sparse tables: accumulators in the state (exact resume), no dense table gradient.
+    "recommendation-sparse": ("recommendation", ("model.sparse_updates=true",)),
 }
 CASES = [*NAMES, *VARIANTS]
 GOLDEN = REPO / "tests" / "golden"

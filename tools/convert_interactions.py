@@ -6,7 +6,7 @@
 Streams the file ``--chunk-rows`` lines at a time (memory stays flat whatever its size), hashes
 each category into its table's rows (``--table-sizes``: the recipe's ``model.table_sizes``), and
 writes one shard per chunk, one fixed-size record per line, plus ``dataset.json`` (layout, the
-table sizes, rows skipped). Train with ``data.source=shards data.path=DIR`` and the same
+table sizes, rows skipped). Train with ``data.source=criteo_shards data.path=DIR`` and the same
 ``model.table_sizes`` (a run with other sizes is refused: the ids would mean other rows). Errors
 (a bad line, an unreadable file) are one line naming the file and line; exit 2.
 """
@@ -52,12 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         print(f"convert_interactions: {e}", file=sys.stderr)
         return 2
+    except (OSError, ImportError) as e:  # --out not writable, a full disk, no array_record
+        print(f"convert_interactions: {args.out}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     split = meta["splits"]["all"]
     seconds = time.perf_counter() - start
     print(f"{split['records']:,} interactions ({split['skipped']} skipped) in {split['shards']} "
           f"shards, {seconds:.1f} s ({split['records'] / max(seconds, 1e-9):,.0f} lines/s): "
           f"{args.out}")  # fmt: skip
-    print(f"next: python -m hopperjax.train --config configs/dlrm_criteo.yaml data.source=shards "
+    print(f"next: python -m hopperjax.train --config configs/dlrm_criteo.yaml "
+          f"data.source=criteo_shards "
           f"data.path={args.out} model.table_sizes={','.join(map(str, sizes))}")  # fmt: skip
     return 0
 

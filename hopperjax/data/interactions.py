@@ -117,7 +117,7 @@ class Interactions:
 def _read_lines(path: Path) -> list[bytes]:
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise DataError(f"{path}: cannot read ({one_line(e)})") from None
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
@@ -190,7 +190,7 @@ def iter_criteo(
                 if len(labels) == chunk_rows:
                     yield chunk()
                     labels, dense, sparse, skipped = [], [], [], 0
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise DataError(f"{path}: cannot read ({one_line(e)})") from None
     if not seen:
         raise DataError(f"{path}: empty")

@@ -2,8 +2,9 @@
 ``dataset.json`` that names the format, each split's record count and shard count, and whatever
 the writer adds (shapes, sizes). The generic part of every converter's output.
 
-A directory is complete when ``dataset.json`` is there: ``write_shards`` removes it first and
-writes it last (atomically), every shard is written under a temporary name and renamed, and only
+A directory is complete when ``dataset.json`` is there: ``write_shards`` writes every shard under
+a hidden name first (an earlier set stays readable meanwhile, and stays intact if the conversion
+fails), then removes ``dataset.json``, renames the shards and writes it last (atomically); only
 the set's own files are ever removed, so an interrupted conversion never reads as a dataset and
 another tool's files in the directory stay. ``open_split`` checks a split against its listing
 (present, readable, the listed count) and returns a reader that fetches many records at once.
@@ -52,41 +53,53 @@ def write_shards(
     out.mkdir(parents=True, exist_ok=True)
     ours = set(splits)
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # none, or unreadable
-        ours |= set(json.loads((out / META_NAME).read_text())["splits"])
-    (out / META_NAME).unlink(missing_ok=True)
+        earlier = json.loads((out / META_NAME).read_text())
+        if earlier.get("format") == meta.get("format"):  # another tool's set is not ours
+            ours |= set(earlier["splits"])
     for stale in [*out.glob(".*.tmp"), *out.glob(".*.part")]:  # left by a killed conversion
         name = stale.name.lstrip(".").removesuffix(".tmp").removesuffix(".part")
         match = _SHARD.fullmatch(name) or _PART.fullmatch(name)
         if match and match.group(1) in ours:
             stale.unlink()
-    files.fsync_directory(out)  # the set reads as incomplete from here on
-    written: set[Path] = set()
+    # Shards stream in (a file of any size): each is written whole under a hidden name; an
+    # earlier complete set stays readable until every new part is written, so a conversion that
+    # fails (a bad line, a full disk) leaves it as it was.
+    parts: dict[str, list[Path]] = {}
     listing: dict[str, dict[str, Any]] = {}
-    for name, shards in splits.items():
-        # Shards stream in (a file of any size): each is written whole under a hidden name,
-        # then all are renamed once their count, part of every name, is known.
-        parts, total = [], 0
-        for k, records in enumerate(shards):
-            tally = [0]
+    try:
+        for name, shards in splits.items():
+            parts[name], total = [], 0
+            for k, records in enumerate(shards):
+                tally = [0]
 
-            def write(temp: Path, records: Iterable[bytes] = records, tally=tally) -> None:
-                writer = ArrayRecordWriter(str(temp), "group_size:1,uncompressed")
-                try:
-                    for record in records:
-                        writer.write(record)
-                        tally[0] += 1
-                finally:
-                    writer.close()
+                def write(temp: Path, records: Iterable[bytes] = records, tally=tally) -> None:
+                    writer = ArrayRecordWriter(str(temp), "group_size:1,uncompressed")
+                    try:
+                        for record in records:
+                            writer.write(record)
+                            tally[0] += 1
+                    finally:
+                        writer.close()
 
-            part = out / f".{name}-{k:05d}.part"
-            files.atomic_write(part, write)
-            parts.append(part)
-            total += tally[0]
-        for k, part in enumerate(parts):
-            path = out / shard_name(name, k, len(parts))
+                part = out / f".{name}-{k:05d}.part"
+                files.atomic_write(part, write)
+                parts[name].append(part)
+                total += tally[0]
+            listing[name] = {"records": total, "shards": len(parts[name]),
+                             **(counts(name) if counts else {})}  # fmt: skip
+    except BaseException:
+        for part in (p for group in parts.values() for p in group):
+            part.unlink(missing_ok=True)
+        raise
+    # Every part is written: from here until dataset.json, the set reads as incomplete.
+    (out / META_NAME).unlink(missing_ok=True)
+    files.fsync_directory(out)
+    written: set[Path] = set()
+    for name, group in parts.items():
+        for k, part in enumerate(group):
+            path = out / shard_name(name, k, len(group))
             part.replace(path)
             written.add(path)
-        listing[name] = {"records": total, "shards": len(parts), **(counts(name) if counts else {})}
     for old in out.iterdir():
         match = _SHARD.fullmatch(old.name)
         if match and match.group(1) in ours and old not in written:

@@ -17,7 +17,7 @@ from typing import Any
 
 import jax
 
-from hopperjax.config import Config
+from hopperjax.config import Config, ConfigError
 from hopperjax.optim import peak_learning_rate
 from hopperjax.parallel import batch_axis_size, build_mesh
 
@@ -169,11 +169,14 @@ def find_largest_batch(
             proven_max=hi == (lo or 0) + 1 and not refused_above,
             learning_rate=None if batch is None else peak_learning_rate(config.optim, batch),
             probes=tuple(probes.values()),
-            refused=refused[-1] if refused else None,
+            refused=refused[-1] if refused_above else None,
         )
 
     refused_above = False  # hi is a batch the run refused, not one that missed the budget
-    if not fits(1):
+    first = fits(1)
+    if first is None:  # even the smallest batch: the run cannot be searched at all
+        raise ConfigError("train.batch_size", refused[-1].removeprefix("train.batch_size: "))
+    if not first:
         return result(None, 1)
     lo, hi = 1, None
     sides: list[bool] = []  # fit / miss of each probe after the first

@@ -266,6 +266,11 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
     check_backend(policy)
     check_attention(policy.attention)
     model = workload.build_model(policy, config.remat)
+    if workload.row_updates() is not None and t.microbatches > 1:
+        raise ConfigError(
+            "train.microbatches",
+            f"{t.microbatches}: row-sparse embedding updates take one microbatch per step",
+        )
     tx, schedule = build_optimizer(
         config.optim,
         total_steps=t.steps,

@@ -58,16 +58,44 @@ def _set_new(tree: dict[str, Any], path: Path, value: Any) -> dict[str, Any]:
     return {**tree, path[0]: _set_new(tree.get(path[0], {}), path[1:], value)}
 
 
+def without_tables(params: Any, lookups: Mapping[Path, jax.Array]) -> Any:
+    """``params`` without the row-sparse tables (None in their place): what per-step metrics
+    such as the parameter norm read, so that no step touches every row of a table."""
+    for path in lookups:
+        params = _set(params, (*path, TABLE), None)
+    return params
+
+
+def keep_tables(
+    kept: Any, updated: Any, lookups: Mapping[Path, jax.Array]
+) -> tuple[Any, dict[str, Any]]:
+    """``kept`` (params, model_state) with the tables and accumulators of ``updated`` (whose
+    row updates were already gated by the loss scale's finiteness): a skipped step then never
+    selects between two copies of a table."""
+    (params, state), (new_params, new_state) = kept, updated
+    accumulators = state[ROW_OPTIMIZER]
+    for path in lookups:
+        params = _set(params, (*path, TABLE), _get(new_params, path)[TABLE])
+        accumulators = _set(
+            accumulators, (*path, ACCUMULATOR), _get(new_state[ROW_OPTIMIZER], path)[ACCUMULATOR]
+        )
+    return params, {**state, ROW_OPTIMIZER: accumulators}
+
+
 def apply_row_updates(
     params: Any,
     model_state: Mapping[str, Any],
     lookups: Mapping[Path, jax.Array],
     row_grads: Mapping[str, Any],
     updates: RowUpdates,
+    *,
+    finite: jax.Array | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """(params, model_state) with row-wise Adagrad applied to the rows each table read.
 
-    ``row_grads``: the gradient of the ``ROW_DELTAS`` collection (per occurrence of an id)."""
+    ``row_grads``: the gradient of the ``ROW_DELTAS`` collection (per occurrence of an id).
+    ``finite``: with loss scaling, whether the step's gradients are finite; a False leaves every
+    row and accumulator as it was (the updates are zeroed, batch-sized, in place)."""
     accumulators = model_state[ROW_OPTIMIZER]
     for path, ids in lookups.items():
         table = _get(params, path)[TABLE]
@@ -79,6 +107,8 @@ def apply_row_updates(
         # slots hold `rows`, an index the scatters below drop).
         unique, inverse = jnp.unique(flat, size=flat.size, fill_value=rows, return_inverse=True)
         summed = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=flat.size)
+        if finite is not None:  # where, not a product: 0 * inf is nan
+            summed = jnp.where(finite, summed, 0.0)
         acc_rows = acc.at[unique].get(mode="fill", fill_value=0.0) + jnp.mean(summed**2, axis=-1)
         step = updates.learning_rate * summed / (jnp.sqrt(acc_rows)[:, None] + updates.eps)
         table = table.at[unique].add(-step.astype(table.dtype), mode="drop")

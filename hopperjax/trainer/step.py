@@ -107,9 +107,12 @@ def train_step(
         loss, model_state, grads, new_fp8 = _accumulate(
             grad_fn, params, state.fp8, state.model_state, batch, step_key, microbatches
         )
+    finite = None
     if state.loss_scale is not None:
         grads = loss_scale_lib.unscale(grads, state.loss_scale)
         row_grads = loss_scale_lib.unscale(row_grads, state.loss_scale)
+        # Non-finite gradients anywhere (a global reduction, so all devices agree).
+        finite = loss_scale_lib.all_finite((grads, row_grads))
     opt_state = state.opt_state
     if offloading:
         # The barrier makes the optimizer state's copy from host memory wait for the gradients,
@@ -121,8 +124,9 @@ def train_step(
     params = optax.apply_updates(params, updates)
     if lookups:
         params, model_state = rows_lib.apply_row_updates(
-            params, model_state, lookups, row_grads[rows_lib.ROW_DELTAS], row_updates
-        )
+            params, model_state, lookups, row_grads[rows_lib.ROW_DELTAS], row_updates,
+            finite=finite,
+        )  # fmt: skip
     new_state = old.replace(
         params=params, opt_state=opt_state, fp8=new_fp8, model_state=model_state
     )
@@ -133,10 +137,14 @@ def train_step(
         "update_norm": optax.global_norm(updates),
     }
     if state.loss_scale is not None:
-        # Non-finite gradients anywhere (a global reduction, so all devices agree): keep the old
-        # params, optimizer, FP8 and model state, shrink the scale. The step counter advances.
-        finite = loss_scale_lib.all_finite((grads, row_grads))
+        # Non-finite gradients: keep the old params, optimizer, FP8 and model state, shrink the
+        # scale. The step counter advances. (Row-sparse tables were gated in place above.)
         kept = loss_scale_lib.select(finite, new_state, old)
+        if lookups:
+            params, model_state = rows_lib.keep_tables(
+                (kept.params, kept.model_state), (new_state.params, new_state.model_state), lookups
+            )
+            kept = kept.replace(params=params, model_state=model_state)
         new_state = kept.replace(
             loss_scale=loss_scale_lib.adjust(
                 state.loss_scale,
@@ -149,7 +157,9 @@ def train_step(
         metrics["skipped"] = (~finite).astype(jnp.float32)
         metrics["skipped_total"] = new_state.loss_scale.skipped.astype(jnp.float32)
     # Of the parameters the step leaves (a skipped step keeps the old ones).
-    metrics["param_norm"] = optax.global_norm(new_state.params)
+    # (Row-sparse tables left out: reading every row each step would cost what their sparse
+    # update saves.)
+    metrics["param_norm"] = optax.global_norm(rows_lib.without_tables(new_state.params, lookups))
     return new_state, metrics
 
 

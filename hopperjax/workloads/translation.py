@@ -12,6 +12,7 @@ token accuracy and perplexity over the held-out split.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -123,6 +124,14 @@ class Translation(Workload):
             if getattr(d, key) < 2:
                 raise ConfigError(f"data.{key}", f"expected >= 2 tokens, got {getattr(d, key)}")
         config_lib.positive("data.generate_pairs", d.generate_pairs)
+        if (
+            config.train.generate_every is not None
+            and importlib.util.find_spec("sacrebleu") is None
+        ):
+            raise ConfigError(
+                "train.generate_every",
+                "BLEU needs sacrebleu: pip install 'hopperjax[translate]' (or leave it null)",
+            )
         config_lib.positive("data.beams", d.beams)
         if d.length_penalty < 0:
             raise ConfigError("data.length_penalty", f"expected >= 0, got {d.length_penalty}")
