@@ -103,7 +103,7 @@ def train_step(
         (_, (loss, model_state)), (grads, new_fp8, row_grads) = grad_fn(
             params, state.fp8, deltas, state.model_state, batch, step_key
         )
-    else:  # (row-sparse tables take one microbatch: the workloads refuse more)
+    else:  # (build_components refuses row-sparse tables with more than one microbatch)
         loss, model_state, grads, new_fp8 = _accumulate(
             grad_fn, params, state.fp8, state.model_state, batch, step_key, microbatches
         )
