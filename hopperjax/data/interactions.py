@@ -291,9 +291,6 @@ class SyntheticSpec:
     noise: float = 0.5
 
 
-_MASK64 = np.uint64(2**64 - 1)
-
-
 def _mix(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finalizer: uint64 -> well-mixed uint64, elementwise."""
     with np.errstate(over="ignore"):

@@ -120,15 +120,19 @@ def _mlp(
     return x
 
 
-def pooled_lookup(table: jax.Array, ids: jax.Array, pooling: str) -> jax.Array:
-    """Bags of rows of ``table`` [rows, dim] for ``ids`` [batch, hot] (padding < 0 counts
-    nothing) -> [batch, dim], summed or averaged over each bag's real ids."""
+def pool(rows: jax.Array, ids: jax.Array, pooling: str) -> jax.Array:
+    """Bags: the looked-up ``rows`` [batch, hot, dim] of ``ids`` [batch, hot] (padding < 0
+    counts nothing) -> [batch, dim], summed or averaged over each bag's real ids."""
     real = ids >= 0
-    rows = jnp.take(table, jnp.maximum(ids, 0), axis=0)  # [batch, hot, dim]
     total = jnp.where(real[..., None], rows, 0).sum(axis=1)
     if pooling == "mean":
         total = total / jnp.maximum(real.sum(axis=1, keepdims=True), 1).astype(total.dtype)
     return total
+
+
+def pooled_lookup(table: jax.Array, ids: jax.Array, pooling: str) -> jax.Array:
+    """Bags of rows of ``table`` [rows, dim] for ``ids`` [batch, hot] -> [batch, dim]."""
+    return pool(jnp.take(table, jnp.maximum(ids, 0), axis=0), ids, pooling)
 
 
 class Table(nn.Module):
@@ -147,12 +151,8 @@ class Table(nn.Module):
         table = RowTable(self.rows, self.dim, self.std, self.policy, TABLE_AXES, self.sparse,
                          name="rows")  # fmt: skip
         rows = table(jnp.maximum(ids, 0))  # [batch, hot, dim]
-        real = ids >= 0
-        total = jnp.where(real[..., None], rows, 0).sum(axis=1)
-        if self.pooling == "mean":
-            total = total / jnp.maximum(real.sum(axis=1, keepdims=True), 1).astype(total.dtype)
         # Gathered, then cast: casting the table first would copy all of it every step.
-        return total.astype(self.policy.compute_dtype)
+        return pool(rows, ids, self.pooling).astype(self.policy.compute_dtype)
 
 
 class DLRM(nn.Module):

@@ -37,9 +37,10 @@ def _get(tree: Mapping[str, Any], path: Path) -> Any:
 
 
 def _set(tree: Mapping[str, Any], path: Path, value: Any) -> dict[str, Any]:
+    """``tree`` with ``value`` at ``path`` (missing levels created), copied along the path."""
     if not path:
         return value
-    return {**tree, path[0]: _set(tree[path[0]], path[1:], value)}
+    return {**tree, path[0]: _set(tree.get(path[0], {}), path[1:], value)}
 
 
 def zero_deltas(params: Any, lookups: Mapping[Path, jax.Array]) -> dict[str, Any]:
@@ -48,14 +49,8 @@ def zero_deltas(params: Any, lookups: Mapping[Path, jax.Array]) -> dict[str, Any
     for path, ids in lookups.items():
         table = _get(params, path)[TABLE]
         zeros = jnp.zeros((*ids.shape, table.shape[1]), table.dtype)
-        deltas = _set_new(deltas, path, {TABLE: zeros})
+        deltas = _set(deltas, path, {TABLE: zeros})
     return {ROW_DELTAS: deltas}
-
-
-def _set_new(tree: dict[str, Any], path: Path, value: Any) -> dict[str, Any]:
-    if len(path) == 1:
-        return {**tree, path[0]: value}
-    return {**tree, path[0]: _set_new(tree.get(path[0], {}), path[1:], value)}
 
 
 def without_tables(params: Any, lookups: Mapping[Path, jax.Array]) -> Any:

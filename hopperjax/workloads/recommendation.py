@@ -119,6 +119,8 @@ class Recommendation(Workload):
     def __init__(self, config: Config):
         super().__init__(config)
         self.label_mean: float | None = None
+        # The training ratings' range (build_datasets), where eval clips predictions.
+        self._label_range: tuple[float, float] = (-np.inf, np.inf)
         if config.data.task == "ratings":
             self.mutable = (dlrm.TARGET_STATS,)
 
@@ -335,7 +337,7 @@ class Recommendation(Workload):
                 "eval_accuracy": float(np.mean((pred > 0) == (labels > 0.5))),
                 "eval_rows": float(len(labels)),
             }
-        low, high = getattr(self, "_label_range", (-np.inf, np.inf))
+        low, high = self._label_range
         error = np.clip(pred, low, high) - labels
         return {
             "eval_loss": float(np.mean((pred - labels) ** 2)),
