@@ -5,6 +5,7 @@ model learning the synthetic set's structure."""
 from __future__ import annotations
 
 import gzip
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -108,6 +109,32 @@ def test_bags_ignore_padding_and_mean_pooling_divides_by_real_ids():
     np.testing.assert_allclose(dlrm.pooled_lookup(table, ids, "mean"), [[4, 5], [0, 0], [10, 11]])
 
 
+def test_placement_balances_groups_and_placed_lookups_read_each_tables_rows():
+    sizes = (50, 10, 40, 30, 20, 5)
+    p = dlrm.place_tables(sizes, 4)
+    # Largest first onto the lightest group (ties: the lower): 50 | 40 | 30+5 | 20+10.
+    assert (p.rows, p.slots) == (50, 2)
+    assert p.group == (0, 3, 1, 2, 3, 2) and p.slot == (0, 1, 0, 0, 0, 1)
+    spans = sorted((p.group[t], p.offset[t], p.offset[t] + n) for t, n in enumerate(sizes))
+    for (g0, _, end), (g1, start, _) in itertools.pairwise(spans):
+        assert g0 != g1 or end <= start  # no two tables share a row
+    tables = [np.random.default_rng(t).normal(size=(n, 4)).astype(np.float32)
+              for t, n in enumerate(sizes)]  # fmt: skip
+    grouped = np.zeros((p.groups, p.rows, 4), np.float32)
+    for t, table in enumerate(tables):
+        grouped[p.group[t], p.offset[t] : p.offset[t] + len(table)] = table
+    rng = np.random.default_rng(0)
+    sparse = np.stack([rng.integers(-1, n, (7, 3)) for n in sizes], axis=1)  # [7, 6 tables, 3]
+    ids = dlrm.placed_ids(p, jnp.asarray(sparse))
+    assert ids.shape == (4, 7, 2, 3)
+    rows = jax.vmap(lambda t, i: jnp.take(t, i, axis=0))(jnp.asarray(grouped), jnp.maximum(ids, 0))
+    bags = dlrm.pool(rows, ids, "mean")  # [groups, batch, slots, dim]
+    for t, table in enumerate(tables):
+        expected = dlrm.pooled_lookup(jnp.asarray(table), jnp.asarray(sparse[:, t]), "mean")
+        np.testing.assert_allclose(bags[p.group[t], :, p.slot[t]], expected, rtol=1e-6)
+    assert (ids[:2, :, 1] == -1).all()  # groups 0 and 1 have an empty slot: all padding
+
+
 LAYOUTS = {
     "data8": ["mesh.data=8"],
     "tensor8": ["mesh.data=1", "mesh.tensor=8"],
@@ -143,6 +170,84 @@ def test_hybrid_layouts_give_one_devices_losses_and_split_the_tables(layout, one
     ways = 8 if config.model.table_sharding == "all" else config.mesh.tensor
     table = result.state.params["table_0"]["rows"]["embedding"]
     assert {s.data.shape for s in table.addressable_shards} == {(64 // ways, 8)}
+
+
+# Table-wise: the three tables binned into 8 groups (five empty), a group per device at most.
+PLACED = ["model.table_placement=tables", "model.table_groups=8"]
+
+
+@pytest.fixture(scope="module")
+def one_device_placed(tmp_path_factory):
+    config = hopperjax.load_config(
+        None, [*RUN, *PLACED, "mesh.data=1", f"run_dir={tmp_path_factory.mktemp('placed')}"]
+    )
+    return hopperjax.train(config, devices=jax.devices()[:1], console=False)
+
+
+@pytest.mark.parametrize("layout", ["tensor8", "data2_tensor4", "data8_rows_everywhere"])
+def test_table_wise_layouts_give_one_devices_losses_and_place_whole_tables(
+    layout, one_device_placed, tmp_path
+):
+    config = hopperjax.load_config(None, [*RUN, *PLACED, *LAYOUTS[layout], f"run_dir={tmp_path}"])
+    result = hopperjax.train(config, console=False)
+    np.testing.assert_allclose(_losses(result), _losses(one_device_placed), rtol=1e-5, atol=1e-6)
+    ways = 8 if config.model.table_sharding == "all" else config.mesh.tensor
+    table = result.state.params["tables"]["rows"]["embedding"]
+    assert table.shape == (8, 64, 8)  # 8 groups of the largest table's 64 rows
+    assert {s.data.shape for s in table.addressable_shards} == {(8 // ways, 64, 8)}
+
+
+def test_large_tables_stay_row_wise_beside_the_placed_ones(tmp_path):
+    """``table_wise_max_rows=48``: the 48- and 40-row tables placed whole, the 64-row table split
+    by rows; 8 devices give one device's losses."""
+    mixed = [*PLACED, "model.table_wise_max_rows=48"]
+    runs = []
+    for name, layout, devices in (("one", ["mesh.data=1"], jax.devices()[:1]),
+                                  ("eight", LAYOUTS["data2_tensor4"], None)):  # fmt: skip
+        config = hopperjax.load_config(None, [*RUN, *mixed, *layout, f"run_dir={tmp_path / name}"])
+        runs.append(hopperjax.train(config, devices=devices, console=False))
+    np.testing.assert_allclose(_losses(runs[1]), _losses(runs[0]), rtol=1e-5, atol=1e-6)
+    params = runs[1].state.params
+    assert params["tables"]["rows"]["embedding"].shape == (8, 48, 8)
+    assert "table_0" in params and "table_1" not in params
+    row_wise = params["table_0"]["rows"]["embedding"]
+    assert {s.data.shape for s in row_wise.addressable_shards} == {(16, 8)}
+
+
+def test_table_wise_lookups_are_local_and_only_the_bags_travel():
+    """inspect: at tensor=8 each device looks up its own tables and one all-gather brings every
+    device the bags (8 groups x batch 64 x 1 slot x 8 dims x 4 bytes), where row-wise sharding
+    all-reduces partial bags; with the tables and the batch over all 8 devices (data=8) the
+    bags travel by all-to-all (a device's share: 1/8 of it), forward and backward."""
+
+    def collectives(*layout):
+        config = hopperjax.load_config(None, [*RUN, *PLACED, *layout, "run_dir=runs/inspect-x"])
+        return inspect_lib.inspect_config(config)["collectives"]
+
+    tensor8 = collectives(*LAYOUTS["tensor8"])
+    lookups = [c for c in tensor8 if "tables" in c["op_name"]]
+    assert [(c["kind"], c["bytes"]) for c in lookups] == [("all-gather", 8 * 64 * 1 * 8 * 4)]
+    assert not [c for c in tensor8 if "gather" in c["op_name"] and c["kind"] == "all-reduce"]
+    everywhere = collectives(*LAYOUTS["data8_rows_everywhere"])
+    bags = [c for c in everywhere if "tables/sharding_constraint" in c["op_name"]]
+    assert [(c["kind"], c["bytes"]) for c in bags] == [("all-to-all", 8 * 64 * 8 * 4 // 8)] * 2
+
+
+def test_table_placement_keys_are_checked():
+    with pytest.raises(hopperjax.ConfigError, match=r"model\.table_groups"):
+        hopperjax.load_config(None, [*SMOKE, "model.table_placement=tables"])
+    with pytest.raises(hopperjax.ConfigError, match=r"model\.table_groups"):
+        hopperjax.load_config(None, [*SMOKE, "model.table_groups=4"])
+    with pytest.raises(hopperjax.ConfigError, match=r"model\.table_wise_max_rows"):
+        hopperjax.load_config(None, [*SMOKE, *PLACED, "model.table_wise_max_rows=10"])
+    with pytest.raises(hopperjax.ConfigError, match=r"model\.table_placement"):
+        hopperjax.load_config(None, [*SMOKE, *PLACED, "model.kind=mf", "model.table_sizes=8,8"])
+    from hopperjax.trainer import build_components
+
+    three = [*SMOKE, *PLACED[:1], "model.table_groups=3", "mesh.data=1", "mesh.tensor=8"]
+    three = hopperjax.load_config(None, [*three, "run_dir=runs/x"])
+    with pytest.raises(hopperjax.ConfigError, match=r"mesh\.tensor"):
+        build_components(three)
 
 
 def test_inspect_lists_the_lookups_collective_and_a_tensor_share_of_the_state():
@@ -248,22 +353,28 @@ def test_converted_shards_hold_the_files_rows_and_train_the_same_batches(tmp_pat
 SPARSE_RUN = [*RUN, "model.sparse_updates=true", "optim.clip_norm=null", "optim.row_lr=0.1"]
 
 
-def test_row_sparse_updates_equal_dense_row_wise_adagrad(tmp_path):
+@pytest.mark.parametrize("placement", ["rows", "tables", "mixed"])
+def test_row_sparse_updates_equal_dense_row_wise_adagrad(placement, tmp_path):
     """Two steps with row-sparse tables against a dense reference: the table's full gradient
     from jax.grad, then row-wise Adagrad on every row (untouched rows get a zero step). The
     MLPs' first update equals that of a run with dense tables (no clipping mixes the two; later
-    updates differ, as the tables then do)."""
+    updates differ, as the tables then do). Table-wise, the grouped table [groups, rows, dim]
+    is updated group by group on the devices holding it."""
     from hopperjax.data import to_global_batch
     from hopperjax.trainer import build_components
 
-    config = hopperjax.load_config(None, [*SPARSE_RUN, "mesh.data=2", "mesh.tensor=4",
+    placed = {"rows": [], "tables": PLACED, "mixed": [*PLACED, "model.table_wise_max_rows=48"]}
+    placed = placed[placement]
+    config = hopperjax.load_config(None, [*SPARSE_RUN, *placed, "mesh.data=2", "mesh.tensor=4",
                                           f"run_dir={tmp_path}"])  # fmt: skip
     parts = build_components(config)
     state = parts.init_state()
     model, workload = parts.model, parts.workload
     lr, eps = config.optim.row_lr, config.optim.row_eps
     batches = iter(parts.datasets.train)
-    acc = {t: np.zeros(n, np.float32) for t, n in enumerate((64, 48, 40))}
+    names = [name for name in state.params if name.startswith("table")]
+    acc = {name: np.zeros(state.params[name]["rows"]["embedding"].shape[:-1], np.float32)
+           for name in names}  # fmt: skip
     for _ in range(2):
         batch = to_global_batch(next(batches), parts.batch_sharding, blocks=parts.batch_blocks)
         before = jax.tree.map(np.asarray, state.params)
@@ -275,19 +386,19 @@ def test_row_sparse_updates_equal_dense_row_wise_adagrad(tmp_path):
 
         grads = jax.tree.map(np.asarray, jax.grad(loss)(state.params))
         state, _ = parts.train_step(state, batch)
-        for t in range(3):
-            g = grads[f"table_{t}"]["rows"]["embedding"]
-            acc[t] += (g**2).mean(-1)
-            expected = before[f"table_{t}"]["rows"]["embedding"] - lr * g / (
-                np.sqrt(acc[t])[:, None] + eps
+        for name in names:
+            g = grads[name]["rows"]["embedding"]
+            acc[name] += (g**2).mean(-1)
+            expected = before[name]["rows"]["embedding"] - lr * g / (
+                np.sqrt(acc[name])[..., None] + eps
             )
-            got = np.asarray(state.params[f"table_{t}"]["rows"]["embedding"])
+            got = np.asarray(state.params[name]["rows"]["embedding"])
             np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-            stored = state.model_state["row_optimizer"][f"table_{t}"]["rows"]["accumulator"]
-            np.testing.assert_allclose(np.asarray(stored), acc[t], rtol=1e-5, atol=1e-9)
+            stored = state.model_state["row_optimizer"][name]["rows"]["accumulator"]
+            np.testing.assert_allclose(np.asarray(stored), acc[name], rtol=1e-5, atol=1e-9)
             assert (g == 0).all(axis=-1).any()  # some rows were not read: a real sparse case
 
-    first = ["train.steps=1", "mesh.data=1"]
+    first = ["train.steps=1", "mesh.data=1", *placed]
     dense = hopperjax.load_config(
         None, [*RUN, "optim.clip_norm=null", *first, f"run_dir={tmp_path / 'dense'}"]
     )

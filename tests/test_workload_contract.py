@@ -39,6 +39,11 @@ VARIANTS = {
     ),
     # Row-sparse tables: accumulators in the state (exact resume), no dense table gradient.
     "recommendation-sparse": ("recommendation", ("model.sparse_updates=true",)),
+    # Table-wise: one grouped table [groups, rows, dim], updated row-sparsely group by group.
+    "recommendation-tables": (
+        "recommendation",
+        ("model.table_placement=tables", "model.table_groups=2", "model.sparse_updates=true"),
+    ),
 }
 CASES = [*NAMES, *VARIANTS]
 GOLDEN = REPO / "tests" / "golden"

@@ -7,11 +7,20 @@ bottom vector itself) or their concatenation -> top MLP -> one scalar (a click l
 rating). Matrix factorization (``kind: mf``): rating = mean + user bias + item bias + <user
 vector, item vector>, tables 0 and 1 being users and items.
 
-Sharding: the tables carry the logical axes ``("table_rows", "table_dim")``, which the workload
-maps to ``tensor`` (row-wise: each device holds 1/tensor of every table's rows) and nothing; the
-MLPs are small and replicated (the batch is split over ``data``). XLA partitions each lookup
-(a gather from a row-sharded table: each device gathers the rows it holds, and the partial bags
-are summed across ``tensor``), which inspect lists among the step's collectives.
+Sharding, row-wise (``table_placement: rows``): the tables carry the logical axes
+``("table_rows", "table_dim")``, which the workload maps to ``tensor`` (each device holds
+1/tensor of every table's rows) and nothing; the MLPs are small and replicated (the batch is
+split over ``data``). XLA partitions each lookup (a gather from a row-sharded table: each device
+gathers the rows it holds, and the partial bags are summed across ``tensor``), which inspect
+lists among the step's collectives.
+
+Table-wise (``table_placement: tables``): whole tables are placed on devices. ``place_tables``
+bins the tables into ``table_groups`` groups of about equal rows (largest first onto the
+lightest group), stored as one grouped table [groups, rows, dim] whose group axis
+(``table_groups``) is sharded; each group's ids read its own rows (a gather with a batching
+dimension, local to the device holding the group), so a device looks up only its tables, and
+the pooled bags then travel to the devices that run each example's MLPs (an all-gather within a
+tensor group, or an all-to-all when the tables and the batch share every device).
 """
 
 from __future__ import annotations
@@ -23,14 +32,21 @@ from typing import Literal
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hopperjax import config as config_lib
 from hopperjax.config import ConfigError
 from hopperjax.models import layers
-from hopperjax.models.row_table import RowTable
+from hopperjax.models.row_table import GROUPS_AXIS, RowTable
 from hopperjax.precision import Policy
 
 TABLE_AXES = ("table_rows", "table_dim")
+GROUPED_TABLE_AXES = (GROUPS_AXIS, None, "table_dim")
+# Placed ids [groups, batch, slots, hot] and their bags [groups, batch, slots, dim]: the batch
+# axis is "table_batch", which the workload maps to the batch's axes when the groups live within
+# a tensor group, and to nothing when the groups span the devices the batch is split over.
+PLACED_IDS_AXES = (GROUPS_AXIS, "table_batch", None, None)
+PLACED_BAGS_AXES = (GROUPS_AXIS, "table_batch", None, "table_dim")
 TARGET_STATS = "target_stats"
 
 
@@ -55,7 +71,12 @@ class DLRMConfig(config_lib.ModelConfig):
     the batch, TorchRec's row-wise sharding beside data-parallel MLPs). ``sparse_updates``: the
     tables are updated row-sparsely by row-wise Adagrad (``optim.row_lr``) on the rows each
     batch reads, never forming their dense gradient (``models/row_table.py``); the MLPs (and
-    ``mf``'s biases) keep the configured optimizer.
+    ``mf``'s biases) keep the configured optimizer. ``table_placement``: ``rows`` splits every
+    table's rows over the ``table_sharding`` devices; ``tables`` places whole tables on them
+    (table-wise, for many small tables), binned into ``table_groups`` groups of about equal rows
+    (a multiple of those devices; the grouping, not the mesh, fixes the checkpoint's shapes);
+    tables of more than ``table_wise_max_rows`` rows (0: no limit) stay split row-wise beside
+    them (TorchRec's planner's mix: the few large tables split, the many small ones whole).
     """
 
     kind: Literal["dlrm", "mf"] = "dlrm"
@@ -68,11 +89,29 @@ class DLRMConfig(config_lib.ModelConfig):
     init_std: float = 0.05
     l2: float = 0.0
     table_sharding: Literal["tensor", "all"] = "tensor"
+    table_placement: Literal["rows", "tables"] = "rows"
+    table_groups: int = 0
+    table_wise_max_rows: int = 0
     sparse_updates: bool = False
 
     @property
     def tables(self) -> tuple[int, ...]:
         return _ints(self.table_sizes)
+
+    @property
+    def placed(self) -> tuple[int, ...]:
+        """The tables placed whole (``table_placement: tables``), in table order."""
+        if self.table_placement != "tables":
+            return ()
+        limit = self.table_wise_max_rows or math.inf
+        return tuple(t for t, rows in enumerate(self.tables) if rows <= limit)
+
+    def placement(self) -> Placement | None:
+        """Where the placed tables sit (None when every table is split row-wise)."""
+        placed = self.placed
+        if not placed:
+            return None
+        return place_tables(tuple(self.tables[t] for t in placed), self.table_groups)
 
     @property
     def bottom(self) -> tuple[int, ...]:
@@ -105,6 +144,67 @@ class DLRMConfig(config_lib.ModelConfig):
         config_lib.positive("model.init_std", self.init_std)
         if self.l2 < 0:
             raise ConfigError("model.l2", f"expected >= 0, got {self.l2}")
+        if self.table_placement == "tables":
+            if self.table_groups < 1:
+                raise ConfigError(
+                    "model.table_groups",
+                    "table_placement 'tables' bins the tables into this many groups: set it to "
+                    "the number of devices they are placed on (or a multiple)",
+                )
+            if self.kind == "mf":
+                raise ConfigError(
+                    "model.table_placement", "'tables' places many tables; 'mf' has two: use rows"
+                )
+            if self.table_wise_max_rows < 0 or not self.placed:
+                raise ConfigError(
+                    "model.table_wise_max_rows",
+                    f"no table has at most {self.table_wise_max_rows} rows (0: no limit)",
+                )
+        elif self.table_groups or self.table_wise_max_rows:
+            key = "table_groups" if self.table_groups else "table_wise_max_rows"
+            raise ConfigError(f"model.{key}", "only with model.table_placement 'tables'")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where ``place_tables`` put each table: ``group[t]``, its ``slot[t]`` among the group's
+    tables and its first row ``offset[t]`` in the group; every group holds ``rows`` rows (the
+    fullest group's count) and at most ``slots`` tables."""
+
+    groups: int
+    rows: int
+    slots: int
+    group: tuple[int, ...]
+    slot: tuple[int, ...]
+    offset: tuple[int, ...]
+
+
+def place_tables(sizes: tuple[int, ...], groups: int) -> Placement:
+    """Bins tables of ``sizes`` rows into ``groups`` groups: largest first, each onto the group
+    with the fewest rows so far (ties: the lower group), so the groups' rows, and each device's
+    table bytes, come out about equal."""
+    load, count = [0] * groups, [0] * groups
+    group, slot, offset = [0] * len(sizes), [0] * len(sizes), [0] * len(sizes)
+    for t in sorted(range(len(sizes)), key=lambda t: (-sizes[t], t)):
+        g = min(range(groups), key=lambda g: (load[g], g))
+        group[t], slot[t], offset[t] = g, count[g], load[g]
+        load[g] += sizes[t]
+        count[g] += 1
+    return Placement(groups, max(load), max(count), tuple(group), tuple(slot), tuple(offset))
+
+
+def placed_ids(placement: Placement, sparse: jax.Array) -> jax.Array:
+    """``sparse`` [batch, tables, hot] -> each group's rows [groups, batch, slots, hot]: a
+    table's ids plus its offset in its group; padding ids and empty slots are -1."""
+    p = placement
+    table_of = np.full((p.groups, p.slots), -1)
+    offsets = np.zeros((p.groups, p.slots), np.int32)
+    for t, (g, k) in enumerate(zip(p.group, p.slot, strict=True)):
+        table_of[g, k], offsets[g, k] = t, p.offset[t]
+    ids = jnp.take(sparse, np.maximum(table_of, 0).reshape(-1), axis=1)  # [batch, g*k, hot]
+    ids = ids.reshape(ids.shape[0], p.groups, p.slots, -1).transpose(1, 0, 2, 3)
+    used = (table_of >= 0)[:, None, :, None]
+    return jnp.where(used & (ids >= 0), ids + offsets[:, None, :, None], -1)
 
 
 def _mlp(
@@ -121,12 +221,12 @@ def _mlp(
 
 
 def pool(rows: jax.Array, ids: jax.Array, pooling: str) -> jax.Array:
-    """Bags: the looked-up ``rows`` [batch, hot, dim] of ``ids`` [batch, hot] (padding < 0
-    counts nothing) -> [batch, dim], summed or averaged over each bag's real ids."""
+    """Bags: the looked-up ``rows`` [..., hot, dim] of ``ids`` [..., hot] (padding < 0 counts
+    nothing) -> [..., dim], summed or averaged over each bag's real ids."""
     real = ids >= 0
-    total = jnp.where(real[..., None], rows, 0).sum(axis=1)
+    total = jnp.where(real[..., None], rows, 0).sum(axis=-2)
     if pooling == "mean":
-        total = total / jnp.maximum(real.sum(axis=1, keepdims=True), 1).astype(total.dtype)
+        total = total / jnp.maximum(real.sum(axis=-1, keepdims=True), 1).astype(total.dtype)
     return total
 
 
@@ -155,6 +255,35 @@ class Table(nn.Module):
         return pool(rows, ids, self.pooling).astype(self.policy.compute_dtype)
 
 
+class PlacedTables(nn.Module):
+    """Every table placed whole in one group of a grouped ``RowTable`` [groups, rows, dim]
+    (``place_tables``): ``sparse`` [batch, tables, hot] -> bags [batch, tables, dim]."""
+
+    placement: Placement
+    dim: int
+    std: float
+    pooling: str
+    policy: Policy
+    sparse: bool = False
+
+    @nn.compact
+    def __call__(self, sparse: jax.Array) -> jax.Array:
+        p = self.placement
+        ids = nn.with_logical_constraint(placed_ids(p, sparse), PLACED_IDS_AXES)
+        table = RowTable(p.rows, self.dim, self.std, self.policy, GROUPED_TABLE_AXES,
+                         self.sparse, groups=p.groups, name="rows")  # fmt: skip
+        rows = table(jnp.maximum(ids, 0))  # [groups, batch, slots, hot, dim]
+        bags = nn.with_logical_constraint(pool(rows, ids, self.pooling), PLACED_BAGS_AXES)
+        # The bags leave the devices that hold their tables for those that run their examples'
+        # MLPs (one collective: an all-gather over the groups, or an all-to-all when the groups
+        # and the batch share the devices); the reordering below is then local.
+        bags = nn.with_logical_constraint(bags, (None, "batch", None, "table_dim"))
+        order = [g * p.slots + k for g, k in zip(p.group, p.slot, strict=True)]
+        bags = bags.transpose(1, 0, 2, 3).reshape(bags.shape[1], p.groups * p.slots, -1)
+        bags = jnp.take(bags, np.array(order), axis=1)  # [batch, tables, dim], in table order
+        return bags.astype(self.policy.compute_dtype)
+
+
 class DLRM(nn.Module):
     """``(dense [batch, num_dense] float32, sparse [batch, tables, hot] int32) -> (predictions
     [batch], penalty [batch])``: the penalty is the squared norm of every vector the example
@@ -176,18 +305,20 @@ class DLRM(nn.Module):
     ) -> tuple[jax.Array, jax.Array]:
         del deterministic  # no dropout
         c, policy = self.config, self.policy
-        bags = [
-            Table(
-                rows,
-                c.embed_dim,
-                c.init_std,
-                c.pooling,
-                policy,
-                c.sparse_updates,
-                name=f"table_{t}",
-            )(sparse[:, t])
-            for t, rows in enumerate(c.tables)
-        ]
+        bags: list[jax.Array | None] = [None] * len(c.tables)
+        placement = c.placement()
+        if placement is not None:
+            placed = PlacedTables(
+                placement, c.embed_dim, c.init_std, c.pooling, policy, c.sparse_updates,
+                name="tables",
+            )(sparse[:, np.array(c.placed)])  # fmt: skip
+            for i, t in enumerate(c.placed):
+                bags[t] = placed[:, i]
+        for t, rows in enumerate(c.tables):
+            if bags[t] is None:
+                table = Table(rows, c.embed_dim, c.init_std, c.pooling, policy, c.sparse_updates,
+                              name=f"table_{t}")  # fmt: skip
+                bags[t] = table(sparse[:, t])
         penalty = sum((bag.astype(jnp.float32) ** 2).sum(-1) for bag in bags)
         if c.kind == "mf":
             out, bias_penalty = self._factorization(bags, sparse)

@@ -27,6 +27,8 @@ ROW_DELTAS = "row_deltas"
 ROW_OPTIMIZER = "row_optimizer"
 TABLE = "embedding"
 ACCUMULATOR = "accumulator"
+# The logical axis of a grouped table's groups (the update gathers each group's ids there).
+GROUPS_AXIS = "table_groups"
 
 Path = tuple[str, ...]
 
@@ -48,26 +50,41 @@ class RowUpdates:
     eps: float = 1e-8
 
 
+def gather_rows(table: jax.Array, ids: jax.Array) -> jax.Array:
+    """Rows of a [rows, dim] table for ``ids`` [...] -> [..., dim]; of a grouped [groups, rows,
+    dim] table for ``ids`` [groups, ...], each group's ids reading its own rows (a gather with a
+    batching dimension: a table sharded over groups is read where it lives)."""
+    if table.ndim == 2:
+        return jnp.take(table, ids, axis=0)
+    return jax.vmap(lambda rows, i: jnp.take(rows, i, axis=0))(table, ids)
+
+
 class RowTable(nn.Module):
-    """``ids`` [...] (non-negative) -> rows [..., dim] of an ``embedding`` [rows, dim] whose
-    row axis carries the logical name ``axes[0]``. ``sparse``: keep a row-wise Adagrad
-    accumulator (the train step updates this table row-sparsely); off, a plain table."""
+    """``ids`` [...] (non-negative) -> rows [..., dim] of an ``embedding`` [rows, dim], or with
+    ``groups`` > 0 of a grouped ``embedding`` [groups, rows, dim] for ``ids`` [groups, ...]
+    (several tables placed whole on the devices of a group axis). ``axes``: the logical names
+    of the embedding's dimensions. ``sparse``: keep a row-wise Adagrad accumulator per row (the
+    train step updates this table row-sparsely); off, a plain table."""
 
     rows: int
     dim: int
     std: float
     policy: Policy
-    axes: tuple[str, str] = ("table_rows", "table_dim")
+    axes: tuple[str | None, ...] = ("table_rows", "table_dim")
     sparse: bool = False
+    groups: int = 0
 
     @nn.compact
     def __call__(self, ids: jax.Array) -> jax.Array:
+        shape = (*((self.groups,) if self.groups else ()), self.rows, self.dim)
+        if len(self.axes) != len(shape):
+            raise ValueError(f"RowTable axes {self.axes} do not name the dimensions of {shape}")
         init = layers.normal_init(self.std, self.axes)
-        table = self.param(TABLE, init, (self.rows, self.dim), self.policy.param_dtype)
+        table = self.param(TABLE, init, shape, self.policy.param_dtype)
         if self.sparse:
-            zeros = nn.with_logical_partitioning(nn.initializers.zeros_init(), self.axes[:1])
-            self.variable(ROW_OPTIMIZER, ACCUMULATOR, zeros, None, (self.rows,), jnp.float32)
-        rows = jnp.take(table, ids, axis=0)
+            zeros = nn.with_logical_partitioning(nn.initializers.zeros_init(), self.axes[:-1])
+            self.variable(ROW_OPTIMIZER, ACCUMULATOR, zeros, None, shape[:-1], jnp.float32)
+        rows = gather_rows(table, ids)
         if self.has_variable(ROW_DELTAS, TABLE):
             rows = jax.lax.stop_gradient(rows) + self.get_variable(ROW_DELTAS, TABLE)
         return rows

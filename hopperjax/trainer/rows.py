@@ -17,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from hopperjax.models.row_table import (
     ACCUMULATOR,
+    GROUPS_AXIS,
     ROW_DELTAS,
     ROW_OPTIMIZER,
     TABLE,
@@ -48,7 +50,7 @@ def zero_deltas(params: Any, lookups: Mapping[Path, jax.Array]) -> dict[str, Any
     deltas: dict[str, Any] = {}
     for path, ids in lookups.items():
         table = _get(params, path)[TABLE]
-        zeros = jnp.zeros((*ids.shape, table.shape[1]), table.dtype)
+        zeros = jnp.zeros((*ids.shape, table.shape[-1]), table.dtype)
         deltas = _set(deltas, path, {TABLE: zeros})
     return {ROW_DELTAS: deltas}
 
@@ -77,6 +79,31 @@ def keep_tables(
     return params, {**state, ROW_OPTIMIZER: accumulators}
 
 
+def _adagrad_rows(
+    table: jax.Array,
+    acc: jax.Array,
+    ids: jax.Array,
+    grads: jax.Array,
+    updates: RowUpdates,
+    finite: jax.Array | None,
+) -> tuple[jax.Array, jax.Array]:
+    """Row-wise Adagrad on the rows of ``table`` [rows, dim] (accumulators ``acc`` [rows]) that
+    ``ids`` [...] read, with ``grads`` [..., dim] per occurrence."""
+    rows, dim = table.shape
+    flat = ids.reshape(-1)
+    grads = grads.reshape(-1, dim).astype(jnp.float32)
+    # Duplicates summed: sorted unique ids (fixed size: one slot per occurrence, the spare slots
+    # hold `rows`, an index the scatters below drop).
+    unique, inverse = jnp.unique(flat, size=flat.size, fill_value=rows, return_inverse=True)
+    summed = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=flat.size)
+    if finite is not None:  # where, not a product: 0 * inf is nan
+        summed = jnp.where(finite, summed, 0.0)
+    acc_rows = acc.at[unique].get(mode="fill", fill_value=0.0) + jnp.mean(summed**2, axis=-1)
+    step = updates.learning_rate * summed / (jnp.sqrt(acc_rows)[:, None] + updates.eps)
+    table = table.at[unique].add(-step.astype(table.dtype), mode="drop")
+    return table, acc.at[unique].set(acc_rows, mode="drop")
+
+
 def apply_row_updates(
     params: Any,
     model_state: Mapping[str, Any],
@@ -89,25 +116,29 @@ def apply_row_updates(
     """(params, model_state) with row-wise Adagrad applied to the rows each table read.
 
     ``row_grads``: the gradient of the ``ROW_DELTAS`` collection (per occurrence of an id).
+    A grouped table [groups, rows, dim] (ids [groups, ...]) is updated group by group (a
+    batched update: each device updates the groups it holds, with no collective).
     ``finite``: with loss scaling, whether the step's gradients are finite; a False leaves every
     row and accumulator as it was (the updates are zeroed, batch-sized, in place)."""
     accumulators = model_state[ROW_OPTIMIZER]
     for path, ids in lookups.items():
         table = _get(params, path)[TABLE]
         acc = _get(accumulators, path)[ACCUMULATOR]
-        rows, dim = table.shape
-        flat = ids.reshape(-1)
-        grads = _get(row_grads, path)[TABLE].reshape(-1, dim).astype(jnp.float32)
-        # Duplicates summed: sorted unique ids (fixed size: one slot per occurrence, the spare
-        # slots hold `rows`, an index the scatters below drop).
-        unique, inverse = jnp.unique(flat, size=flat.size, fill_value=rows, return_inverse=True)
-        summed = jax.ops.segment_sum(grads, inverse.reshape(-1), num_segments=flat.size)
-        if finite is not None:  # where, not a product: 0 * inf is nan
-            summed = jnp.where(finite, summed, 0.0)
-        acc_rows = acc.at[unique].get(mode="fill", fill_value=0.0) + jnp.mean(summed**2, axis=-1)
-        step = updates.learning_rate * summed / (jnp.sqrt(acc_rows)[:, None] + updates.eps)
-        table = table.at[unique].add(-step.astype(table.dtype), mode="drop")
-        acc = acc.at[unique].set(acc_rows, mode="drop")
+        grads = _get(row_grads, path)[TABLE]
+
+        def update(table, acc, ids, grads):
+            return _adagrad_rows(table, acc, ids, grads, updates, finite)
+
+        if table.ndim == 3:
+            # Each group's ids and gradients (a batch's worth, small) gathered where the group
+            # lives, so that the update itself is local (XLA would otherwise partition the
+            # sort inside jnp.unique across the batch's devices).
+            ids, grads = (
+                nn.with_logical_constraint(x, (GROUPS_AXIS, *[None] * (x.ndim - 1)))
+                for x in (ids, grads)
+            )
+            update = jax.vmap(update)
+        table, acc = update(table, acc, ids, grads)
         params = _set(params, (*path, TABLE), table)
         accumulators = _set(accumulators, (*path, ACCUMULATOR), acc)
     return params, {**model_state, ROW_OPTIMIZER: accumulators}

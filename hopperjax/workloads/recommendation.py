@@ -3,7 +3,8 @@ factorization).
 
 Data (``data/interactions.py``): Criteo's click logs, MovieLens ratings (its 5-fold files or one
 file split at random) or generated interactions. Model (``models/dlrm.py``): embedding tables
-sharded row-wise over the ``tensor`` mesh axis, MLPs replicated, the batch over ``data``.
+split row-wise or placed whole (table-wise) over the ``tensor`` mesh axis or every device, MLPs
+replicated, the batch over ``data``.
 Clicks train on binary cross-entropy and report log loss, AUC and accuracy; ratings train on the
 squared error (as an offset from the training mean) and report RMSE and MAE, with predictions
 clipped to the training ratings' range as Surprise's benchmark does. Every held-out interaction
@@ -268,23 +269,38 @@ class Recommendation(Workload):
     # ------------------------------------------------------------------------------------------
     # Row-sparse tables (model.sparse_updates)
 
-    def row_updates(self) -> RowUpdates | None:
+    def _row_tables(self) -> dict[tuple[str, ...], Any]:
+        """Each ``RowTable``'s module path -> ``batch -> the ids it reads`` (as ``dlrm.Table`` /
+        ``dlrm.PlacedTables`` hand them to it)."""
         m = self.config.model
-        if not m.sparse_updates:
+        placed, placement = np.array(m.placed), m.placement()
+        tables = {
+            (f"table_{t}", "rows"): lambda b, t=t: jnp.maximum(b["sparse"][:, t], 0)
+            for t in range(len(m.tables))
+            if t not in m.placed
+        }
+        if placement is not None:
+            tables["tables", "rows"] = lambda b: jnp.maximum(
+                dlrm.placed_ids(placement, b["sparse"][:, placed]), 0
+            )
+        return tables
+
+    def row_updates(self) -> RowUpdates | None:
+        if not self.config.model.sparse_updates:
             return None
-        paths = [(f"table_{t}", "rows") for t in range(len(m.tables))]
+        tables = self._row_tables()
 
         def lookups(batch: Any) -> dict[tuple[str, ...], jax.Array]:
-            # The ids exactly as dlrm.Table hands them to its RowTable.
-            return {p: jnp.maximum(batch["sparse"][:, t], 0) for t, p in enumerate(paths)}
+            return {path: ids(batch) for path, ids in tables.items()}
 
         return RowUpdates(lookups, self.config.optim.row_lr, self.config.optim.row_eps)
 
     def param_labels(self, params: Any) -> Any | None:
         if not self.config.model.sparse_updates:
             return None
+        tables = self._row_tables()
         return path_labels(
-            params, lambda path: SPARSE if path[0].startswith("table_") and path[-1] == TABLE
+            params, lambda path: SPARSE if tuple(path[:-1]) in tables and path[-1] == TABLE
             else "default",
         )  # fmt: skip
 
@@ -294,10 +310,15 @@ class Recommendation(Workload):
         return {SPARSE: optax.set_to_zero()} if self.config.model.sparse_updates else {}
 
     def axis_rules(self) -> tuple[tuple[str, Any], ...]:
-        rows = (
-            "tensor" if self.config.model.table_sharding == "tensor" else ("data", "fsdp", "tensor")
-        )
-        return (("table_rows", rows), ("table_dim", None))
+        m = self.config.model
+        everywhere = m.table_sharding == "all"
+        devices = ("data", "fsdp", "tensor") if everywhere else "tensor"
+        # Row-wise tables' rows, and table-wise groups, over those devices; the placed ids and
+        # bags keep the batch split over data within a tensor group, but need the whole batch
+        # when the groups span the devices the batch is split over.
+        batch = None if everywhere else ("data", "fsdp")
+        return (("table_rows", devices), ("table_groups", devices), ("table_batch", batch),
+                ("table_dim", None))  # fmt: skip
 
     def model_inputs(self, batch: Any) -> tuple[Any, ...]:
         return (batch["dense"], batch["sparse"])
