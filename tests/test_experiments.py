@@ -120,3 +120,19 @@ def test_ratings_benchmark_runs_movielens_folds_and_keeps_finished_ones(tmp_path
     assert benchmark.main(["--data", str(tmp_path / "nowhere"), "--out", str(out / "x")]) == 2
     assert benchmark.main([*argv, "model.embed_dim=8"]) == 2  # other settings, same --out
     assert benchmark.main([*argv[:2], "--folds", "a", "--out", str(out)]) == 2
+
+
+def test_ratings_benchmark_on_generated_ratings_scales_steps_and_reports_the_floor(tmp_path):
+    benchmark = load_script("ratings_benchmark")
+    out = tmp_path / "out"
+    tiny = ["model.table_sizes=20,30", "model.embed_dim=4", "train.steps=8", "train.batch_size=32",
+            "train.log_every=2"]  # fmt: skip
+    argv = ["--synthetic", "5000,10000", "--noise", "0.5", "--out", str(out), *tiny]
+    assert benchmark.main(argv) == 0
+    runs = json.loads((out / "results.json").read_text())
+    # The recipe's 8 steps are set for 80,000 ratings: 10,000 get 1 (5,000: at least 1); a
+    # quarter as many ratings are held out.
+    expected = [(5000, 1, 1250), (10000, 1, 2500)]
+    assert [(r["rows"], r["steps"], r["ratings"]) for r in runs] == expected
+    table = (out / "table.md").read_text()
+    assert "| 10,000 | 1 |" in table and "| 0.50 |" in table
