@@ -8,10 +8,11 @@ Per seed: one ``hopperjax.train`` of the recipe, which scores BLEU on the first
 ``data.generate_pairs`` validation pairs at every evaluation (``train.generate_every`` is set to
 ``train.eval_every`` unless given on the command line: the BLEU-against-steps curve), then the
 final checkpoint's detokenized, case-sensitive sacrebleu BLEU (default 13a tokenization) and chrF
-on the whole test split, decoded by beam search. Seeds already in ``OUT/results.json`` are kept
-(the benchmark resumes). Writes ``table.md`` (mean +- std over seeds, per seed its wall and
-training time) and ``bleu.png``. Needs ``pip install 'hopperjax[translate]'`` (SentencePiece,
-sacrebleu)."""
+on the whole test split, decoded by beam search. Seeds already in ``OUT/results.json`` are kept,
+and a seed whose run stopped part way resumes from its newest checkpoint (the trainer's exact
+resume; its curve and step times come from the run's ``metrics.jsonl``, every process's).
+Writes ``table.md`` (mean +- std over seeds, per seed its training steps' time) and
+``bleu.png``. Needs ``pip install 'hopperjax[translate]'`` (SentencePiece, sacrebleu)."""
 
 from __future__ import annotations
 
@@ -44,14 +45,16 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
     config = hopperjax.load_config(args.config, [*overrides, f"seed={seed}", f"run_dir={run_dir}"])
     if config.train.generate_every is None:
         config = config.replace(**{"train.generate_every": config.train.eval_every})
+    resumed_from = _checkpoint_steps(run_dir)[-1] if _checkpoint_steps(run_dir) else 0
     start = time.perf_counter()
-    result = hopperjax.train(config, console=False)
+    hopperjax.train(config, console=False)
     train_s = time.perf_counter() - start
+    history = _history(run_dir / "metrics.jsonl")
     d = config.data
     tokenizer = pt.Tokenizer.load(run_dir / "spm.model")
     test = pt.read_pairs(d.path, args.test_split, d.source_lang, d.target_lang)
-    curve = [(r["step"], r["eval_bleu"]) for r in result.history if "eval_bleu" in r]
-    steps = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    curve = [(r["step"], r["eval_bleu"]) for r in history if "eval_bleu" in r]
+    steps = _checkpoint_steps(run_dir)
     restored = restore_params(run_dir, steps[-1])
     decode_start = time.perf_counter()
     hyps = restored.workload.translate(
@@ -60,7 +63,8 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
     )  # fmt: skip
     decode_s = time.perf_counter() - decode_start
     (out / f"seed{seed}.{args.test_split}.hyp").write_text("\n".join(hyps) + "\n")
-    evals = [r for r in result.history if "eval_loss" in r]
+    evals = [r for r in history if "eval_loss" in r]
+    logged = [r for r in history if "step_time_s" in r]
     return {
         "seed": seed,
         "step": steps[-1],
@@ -69,12 +73,33 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
         "val_accuracy": evals[-1]["eval_accuracy"],
         "curve": curve,
         "train_s": train_s,
+        "resumed_from": resumed_from,
+        # Every process's training steps (log windows' mean step time x their steps): the
+        # training time of a run that was resumed, without compiles, evaluations and restarts.
+        "steps_s": float(sum(r["step_time_s"] * (r["step"] - p) for r, p in
+                             zip(logged, [-1] + [r["step"] for r in logged[:-1]], strict=True))),
         "decode_s": decode_s,
         "wall_s": time.perf_counter() - start,
-        "step_s": float(
-            np.median([r["step_time_s"] for r in result.history if "step_time_s" in r])
-        ),
-    }
+        "step_s": float(np.median([r["step_time_s"] for r in logged])),
+    }  # fmt: skip
+
+
+def _checkpoint_steps(run_dir: Path) -> list[int]:
+    directory = run_dir / "checkpoints"
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def _history(path: Path) -> list[dict]:
+    """A run's records over all its processes, in step order: a step logged twice (before a
+    stop and again after the resume) keeps its last record."""
+    records: dict[tuple[int, bool], dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            records[r["step"], "eval_loss" in r] = r
+    return [records[k] for k in sorted(records)]
 
 
 def write_table(runs: list[dict], header: str, path: Path) -> str:
@@ -89,13 +114,14 @@ def write_table(runs: list[dict], header: str, path: Path) -> str:
         f"{chrf.std():.2f} | {lower.mean():.2f} ± {lower.std():.2f} | {len(runs)} |",
         "| Transformer-tiny, text only (Wu et al. 2021, ACL; fairseq BLEU of tokenized, "
         "lowercased text) | 41.02 | – | – | – |",
-        "", "| seed | step | test BLEU | test chrF | val loss | val token acc | train s | "
-        "decode s | s/step |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "", "| seed | step | test BLEU | test chrF | val loss | val token acc | training steps s "
+        "| decode s | s/step |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]  # fmt: skip
     for r in runs:
+        steps_s = r.get("steps_s", r["train_s"])  # results of earlier versions: train_s
         lines.append(
             f"| {r['seed']} | {r['step']} | {r['test']['bleu']:.2f} | {r['test']['chrf']:.2f} | "
-            f"{r['val_loss']:.3f} | {r['val_accuracy']:.3f} | {r['train_s']:.0f} | "
+            f"{r['val_loss']:.3f} | {r['val_accuracy']:.3f} | {steps_s:.0f} | "
             f"{r['decode_s']:.0f} | {r['step_s']:.3f} |"
         )
     text = "\n".join(lines) + "\n"
@@ -137,8 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         if seed in done:
             print(f"seed {seed}: kept from {results}", flush=True)
             continue
-        if (out / f"seed{seed}").exists():
-            print(f"seed {seed}: discarding an unfinished run", flush=True)
+        if _checkpoint_steps(out / f"seed{seed}"):
+            print(f"seed {seed}: resuming an unfinished run from step "
+                  f"{_checkpoint_steps(out / f'seed{seed}')[-1]}", flush=True)  # fmt: skip
+        elif (out / f"seed{seed}").exists():
+            print(f"seed {seed}: discarding an unfinished run (no checkpoint)", flush=True)
             shutil.rmtree(out / f"seed{seed}")
         try:
             r = done[seed] = run_seed(args, args.overrides, seed, out)

@@ -136,3 +136,69 @@ def test_ratings_benchmark_on_generated_ratings_scales_steps_and_reports_the_flo
     assert [(r["rows"], r["steps"], r["ratings"]) for r in runs] == expected
     table = (out / "table.md").read_text()
     assert "| 10,000 | 1 |" in table and "| 0.50 |" in table
+
+
+def test_translation_benchmark_resumes_a_stopped_seed_from_its_checkpoint(tmp_path, capsys):
+    """A seed whose run stopped part way (here: train.stop_after) resumes from its checkpoint
+    instead of starting again; its curve and step times cover both processes."""
+    import numpy as np
+
+    import hopperjax
+
+    benchmark = load_script("translation_benchmark")
+    rng = np.random.default_rng(0)
+    words = ["ein", "hund", "eine", "katze", "rennt", "schlaeft", "im", "park", "haus", "rot"]
+    english = ["a", "dog", "a", "cat", "runs", "sleeps", "in", "park", "house", "red"]
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, n in (("train", 300), ("val", 40), ("test_2016_flickr", 20)):
+        rows = [rng.integers(0, len(words), rng.integers(3, 7)) for _ in range(n)]
+        (data / f"{split}.en").write_text("\n".join(" ".join(english[i] for i in r) for r in rows))
+        (data / f"{split}.de").write_text("\n".join(" ".join(words[i] for i in r) for r in rows))
+    out = tmp_path / "out"
+    tiny = [f"data.path={data}", "model.vocab_size=40", "model.d_model=32", "model.n_heads=2",
+            "model.encoder_layers=1", "model.decoder_layers=1", "model.mlp_dim=64",
+            "data.source_len=16", "data.target_len=16", "data.generate_pairs=8", "data.beams=1",
+            "train.steps=4", "train.batch_size=8", "train.eval_batch_size=8",
+            "train.eval_every=2", "train.log_every=1", "train.checkpoint_every=2",
+            "optim.warmup_steps=1"]  # fmt: skip
+    recipe = str(EXPERIMENTS.parent / "configs" / "multi30k_t5.yaml")
+    stopped = hopperjax.load_config(
+        recipe, [*tiny, "train.generate_every=2", "seed=0",
+                                   f"run_dir={out / 'seed0'}", "train.stop_after=2"],
+    )  # fmt: skip
+    hopperjax.train(stopped, console=False)
+    argv = ["--config", recipe, "--seeds", "0", "--beams", "1", "--out", str(out), *tiny]
+    assert benchmark.main(argv) == 0
+    assert "resuming an unfinished run from step 2" in capsys.readouterr().out
+    (run,) = json.loads((out / "results.json").read_text())
+    assert run["step"] == 4 and run["resumed_from"] == 2
+    assert [step for step, _ in run["curve"]] == [2, 4]  # step 2's BLEU from the first process
+    assert run["steps_s"] > 0 and "training steps s" in (out / "table.md").read_text()
+
+
+def test_quantize_compare_tables_each_scheme_against_the_float_model(tmp_path):
+    import hopperjax
+    from hopperjax import workloads
+
+    benchmark = load_script("quantize_compare")
+    run = tmp_path / "run"
+    config = hopperjax.load_config(
+        None, ["workload=lm", *workloads.get("lm").smoke_overrides, "train.steps=2",
+               f"run_dir={run}"],
+    )  # fmt: skip
+    hopperjax.train(config, console=False)
+    out = tmp_path / "out"
+    argv = ["--run-dir", str(run), "--calibration-batches", "2", "--latency-repeats", "2",
+            "--out", str(out)]  # fmt: skip
+    assert benchmark.main(argv) == 0
+    (result,) = json.loads((out / "results.json").read_text())
+    assert [r["scheme"] for r in result["rows"]] == ["float", "weight", "w8a8", "w8a8_static"]
+    floats, *quantized = result["rows"]
+    assert all(r["param_bytes"] < floats["param_bytes"] for r in quantized)
+    for row in quantized:  # a 2-step model: perplexity within 1 % of the float model's
+        change = row["metrics"]["eval_perplexity"] / floats["metrics"]["eval_perplexity"] - 1
+        assert abs(change) < 0.01, (row["scheme"], change)
+    table = (out / "table.md").read_text()
+    assert "| w8a8_static |" in table and "perplexity" in table
+    assert benchmark.main([*argv[:2], "--schemes", "int4", "--out", str(out)]) == 2

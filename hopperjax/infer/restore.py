@@ -69,10 +69,7 @@ def restore_params(
     workload = workloads.from_config(config)
     policy = policy_from_config(config, default_fp8_layers=workload.default_fp8_layers)
     model = workload.build_model(policy, config.remat)
-    fields = workload.batch_fields(config.train.batch_size, None)
-    spec = {name: jax.ShapeDtypeStruct(f.shape, f.dtype) for name, f in fields.items()}
-    inputs = example_inputs(workload, spec)
-    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), *_zeros(inputs)))
+    boxed = abstract_variables(model, workload, config)
     if mesh is not None:
         shardings = nn.logical_to_mesh_sharding(
             nn.get_partition_spec(boxed), mesh, merge_rules(workload.axis_rules())
@@ -117,6 +114,15 @@ def restore_params(
         restored["params"], restored.get("fp8"), restored.get("model_state")
     )
     return Restored(config, workload, model, variables, step)
+
+
+def abstract_variables(model: nn.Module, workload: Workload, config: Config) -> Any:
+    """Shapes and dtypes of ``model``'s variables (boxed with their logical axes), from
+    ``jax.eval_shape`` of its init on a batch of the run's fields: no data, no compute."""
+    fields = workload.batch_fields(config.train.batch_size, None)
+    spec = {name: jax.ShapeDtypeStruct(f.shape, f.dtype) for name, f in fields.items()}
+    inputs = example_inputs(workload, spec)
+    return jax.eval_shape(lambda: model.init(jax.random.key(0), *_zeros(inputs)))
 
 
 def _zeros(example: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -136,12 +136,11 @@ class ConvEncoder(nn.Module):
             name="embed",
         )(tokens)
         for i, width in enumerate(CNN_WIDTHS):
-            x = nn.Conv(
+            x = layers.conv(
+                self.policy,
                 self.config.filters * width,
-                kernel_size=(self.kernel,),
+                (self.kernel,),
                 padding="VALID",
-                dtype=self.policy.compute_dtype,
-                param_dtype=self.policy.param_dtype,
                 name=f"conv{i}",
             )(x)
             x = nn.relu(x)

@@ -17,6 +17,7 @@ import numpy as np
 
 from hopperjax.config import ConfigError
 from hopperjax.precision import Policy
+from hopperjax.precision import int8 as int8_ops
 from hopperjax.precision.fp8 import fp8_dot_general_cls
 
 _log = logging.getLogger(__name__)
@@ -39,9 +40,15 @@ class Dense(nn.Module):
       features: output feature shape, e.g. ``(3, heads, head_dim)``.
       kernel_axes: logical names of every kernel dim (contracted input dims first).
       std: stddev of the normal kernel init.
+      kernel_init: another kernel initializer (without logical axes; ``kernel_axes`` are
+        added), or None for the normal one.
       use_bias: add a bias over the output features.
       dtype: compute dtype (inputs and kernel cast to it); param_dtype: storage dtype.
       fp8_dot: a module class computing the dot in FP8 (``precision/fp8.py``); None: plain dot.
+      int8: an INT8 inference scheme (``precision/int8.py``): ``weight``, ``w8a8`` or
+        ``w8a8_static`` hold an int8 ``kernel`` and its per-output-channel ``kernel_scale``
+        (and ``input_scale``) instead of a float kernel; ``calibrate`` records the largest input
+        magnitude; ``none``: a float layer.
     """
 
     features: tuple[int, ...]
@@ -51,23 +58,32 @@ class Dense(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     fp8_dot: Any = None
+    int8: str = "none"
+    kernel_init: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         n_in = len(self.kernel_axes) - len(self.features)
         in_shape = x.shape[-n_in:]
-        kernel = self.param(
-            "kernel",
-            normal_init(self.std, self.kernel_axes),
-            (*in_shape, *self.features),
-            self.param_dtype,
+        if self.int8 in int8_ops.SCHEMES:
+            return self._int8(x, n_in)
+        init = (
+            normal_init(self.std, self.kernel_axes)
+            if self.kernel_init is None
+            else nn.with_logical_partitioning(self.kernel_init, self.kernel_axes)
         )
+        kernel = self.param("kernel", init, (*in_shape, *self.features), self.param_dtype)
         # The leading (batch, length, ...) dims travel as one: the weight gradient then contracts
         # a single dim. Contracting two (batch and length) makes XLA:CPU canonicalize the dot
         # with a transposed copy of the output gradient, which cost the nanoGPT recipe ~20 % of
         # its step (README "Baselines"); on GPUs the reshapes are free bitcasts either way.
         lead = x.shape[:-n_in]
         x = x.reshape(-1, *in_shape)
+        if self.int8 == "calibrate":
+            amax = self.variable(
+                int8_ops.INT8_CALIBRATION, int8_ops.INPUT_AMAX, jnp.zeros, (), jnp.float32
+            )
+            amax.value = jnp.maximum(amax.value, jnp.max(jnp.abs(x)).astype(jnp.float32))
         dims = ((tuple(range(1, 1 + n_in)), tuple(range(n_in))), ((), ()))
         x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
         if self.fp8_dot is not None:
@@ -77,14 +93,45 @@ class Dense(nn.Module):
             # cuBLAS (and XLA:CPU upcasts them). Asking for an fp32 result instead would make JAX's
             # transpose rule run the two backward GEMMs with fp32 operands, off the Tensor Cores.
             y = jax.lax.dot_general(x, kernel, dims)
-        y = y.reshape(*lead, *self.features)
-        if self.use_bias:
-            bias_init = nn.with_logical_partitioning(
-                nn.initializers.zeros_init(), self.kernel_axes[n_in:]
+        return self._bias(y.reshape(*lead, *self.features), n_in)
+
+    def _bias(self, y: jax.Array, n_in: int) -> jax.Array:
+        if not self.use_bias:
+            return y
+        bias_init = nn.with_logical_partitioning(
+            nn.initializers.zeros_init(), self.kernel_axes[n_in:]
+        )
+        bias = self.param("bias", bias_init, self.features, self.param_dtype)
+        return y + bias.astype(self.dtype)
+
+    def _int8(self, x: jax.Array, n_in: int) -> jax.Array:
+        """The layer with an int8 kernel (``infer/quantize.py`` fills its variables)."""
+        in_shape = x.shape[-n_in:]
+        kernel = self.param(
+            "kernel",
+            nn.with_logical_partitioning(nn.initializers.zeros_init(), self.kernel_axes),
+            (*in_shape, *self.features),
+            jnp.int8,
+        )
+        scale_axes = (None,) * n_in + tuple(self.kernel_axes[n_in:])
+        kernel_scale = self.param(
+            int8_ops.KERNEL_SCALE,
+            nn.with_logical_partitioning(nn.initializers.ones_init(), scale_axes),
+            (*[1] * n_in, *self.features),
+            jnp.float32,
+        )
+        input_scale = None
+        if self.int8 == "w8a8_static":
+            input_scale = self.param(
+                int8_ops.INPUT_SCALE,
+                nn.with_logical_partitioning(nn.initializers.ones_init(), ()),
+                (),
+                jnp.float32,
             )
-            bias = self.param("bias", bias_init, self.features, self.param_dtype)
-            y = y + bias.astype(self.dtype)
-        return y
+        lead = x.shape[:-n_in]
+        y = int8_ops.int8_dot(x.reshape(-1, *in_shape), kernel, kernel_scale, n_in, self.int8,
+                          self.dtype, input_scale)  # fmt: skip
+        return self._bias(y.reshape(*lead, *self.features), n_in)
 
 
 def dense(
@@ -95,6 +142,7 @@ def dense(
     std: float,
     use_bias: bool,
     name: str,
+    kernel_init: Any = None,
 ) -> Dense:
     """A Dense layer in the policy's dtypes whose kernel carries logical ``axes``.
 
@@ -112,8 +160,52 @@ def dense(
         dtype=policy.compute_dtype,
         param_dtype=policy.param_dtype,
         fp8_dot=fp8_dot_general_cls(policy) if policy.uses_fp8(name) else None,
+        int8=policy.int8,
+        kernel_init=kernel_init,
         name=name,
     )
+
+
+class Int8Conv(nn.Module):
+    """``nn.Conv`` with an int8 kernel and one scale per output channel (the INT8 schemes of
+    ``precision/int8.py`` for convolutions). The kernel is dequantized to the compute dtype and
+    the convolution runs in it: weight-only whatever the scheme, because XLA's GPU backend does
+    not promise integer convolutions (cuDNN's int8 kernels need layouts XLA does not pick for
+    us), so activations are never quantized here. ``settings``: the float layer's ``nn.Conv``
+    arguments, as (name, value) pairs."""
+
+    settings: tuple[tuple[str, Any], ...]
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        layer = nn.Conv(**dict(self.settings), parent=None)
+        size = tuple(layer.kernel_size)
+        shape = (*size, x.shape[-1] // layer.feature_group_count, layer.features)
+        kernel = self.param("kernel", nn.initializers.zeros_init(), shape, jnp.int8)
+        scale_shape = (*[1] * (len(shape) - 1), layer.features)
+        scale = self.param(
+            int8_ops.KERNEL_SCALE, nn.initializers.ones_init(), scale_shape, jnp.float32
+        )
+        params = {"kernel": (kernel.astype(jnp.float32) * scale).astype(layer.param_dtype)}
+        if layer.use_bias:
+            bias_shape = (layer.features,)
+            params["bias"] = self.param(
+                "bias", nn.initializers.zeros_init(), bias_shape, layer.param_dtype
+            )
+        return layer.apply({"params": params}, x)
+
+
+def conv(
+    policy: Policy, features: int, kernel_size: Sequence[int], *, name: str, **settings: Any
+) -> nn.Module:
+    """An ``nn.Conv`` in the policy's dtypes (``settings``: its other arguments), or its
+    ``Int8Conv`` when the policy runs an INT8 scheme."""
+    settings = dict(features=features, kernel_size=tuple(kernel_size), dtype=policy.compute_dtype,
+                    param_dtype=policy.param_dtype, **settings)  # fmt: skip
+    if policy.int8 in int8_ops.SCHEMES:
+        settings.pop("kernel_init", None)  # the kernel comes from the float model's
+        return Int8Conv(tuple(settings.items()), name=name)
+    return nn.Conv(**settings, name=name)
 
 
 def embed(

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from hopperjax import config as config_lib
 from hopperjax.config import ConfigError, RematConfig
 from hopperjax.memory.remat import remat_block
+from hopperjax.models import layers
 from hopperjax.precision import Policy
 
 ARCHS = {"resnet18": (2, 2, 2, 2), "resnet34": (3, 4, 6, 3), "resnet50": (3, 4, 6, 3)}
@@ -93,14 +94,13 @@ def _conv(features: int, kernel: int, stride: int, policy: Policy, name: str, *,
           scheme: str = "he"):  # fmt: skip
     init = _kernel_init(scheme)
     axes = (None, None, "conv_in" if split_in else None, "conv_out")
-    return nn.Conv(
+    return layers.conv(
+        policy,
         features,
         (kernel, kernel),
         strides=(stride, stride),
         padding=[(kernel // 2, kernel // 2)] * 2,
         use_bias=False,
-        dtype=policy.compute_dtype,
-        param_dtype=policy.param_dtype,
         kernel_init=nn.with_logical_partitioning(init, axes),
         name=name,
     )
@@ -216,15 +216,13 @@ class ResNet(nn.Module):
         train = not deterministic
         x = images.astype(p.compute_dtype)
         x = self._resnet9(x, train) if c.arch == "resnet9" else self._resnet(x, train)
-        head = nn.Dense(
+        head = layers.dense(
             c.num_classes,
-            dtype=p.compute_dtype,
-            param_dtype=p.param_dtype,
-            kernel_init=nn.with_logical_partitioning(
-                nn.initializers.lecun_normal() if c.init == "he" else _kernel_init(c.init),
-                ("conv_in", None),
-            ),
-            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (None,)),
+            axes=("conv_in", None),
+            policy=p,
+            std=1.0,  # unused: init below
+            use_bias=True,
+            kernel_init=nn.initializers.lecun_normal() if c.init == "he" else _kernel_init(c.init),
             name="head",
         )
         return head(x).astype(jnp.float32) * c.logit_scale

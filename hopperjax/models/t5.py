@@ -29,6 +29,7 @@ from hopperjax.memory.remat import remat_block
 from hopperjax.models import layers
 from hopperjax.precision import Policy
 from hopperjax.precision.fp8 import FP8_COLLECTION
+from hopperjax.precision.int8 import INT8_CALIBRATION
 
 # Dense layers FP8 can run, and the activations the remat policies can keep or offload by name.
 FP8_LAYERS = ("qkv", "attn_out", "cross_q", "cross_kv", "cross_out", "mlp_in", "mlp_out", "lm_head")
@@ -284,7 +285,7 @@ def _stack(
     a decoding cache); ``fields``: the blocks' other attributes."""
     return nn.scan(
         remat_block(block, remat),
-        variable_axes={"params": 0, FP8_COLLECTION: 0, "cache": 0},
+        variable_axes={"params": 0, FP8_COLLECTION: 0, INT8_CALIBRATION: 0, "cache": 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast,) * n_inputs,
         length=n,

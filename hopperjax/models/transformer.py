@@ -24,6 +24,7 @@ from hopperjax.memory.remat import remat_block
 from hopperjax.models import layers
 from hopperjax.precision import Policy
 from hopperjax.precision.fp8 import FP8_COLLECTION
+from hopperjax.precision.int8 import INT8_CALIBRATION
 
 # Intermediates every block tags with ``checkpoint_name``, which the named remat policies choose
 # from. The block's input needs no name: the layer scan keeps it.
@@ -168,7 +169,7 @@ def scanned_blocks(
     """
     blocks = nn.scan(
         remat_block(Block, remat),
-        variable_axes={"params": 0, FP8_COLLECTION: 0},
+        variable_axes={"params": 0, FP8_COLLECTION: 0, INT8_CALIBRATION: 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=nn.broadcast,
         length=config.n_layers,

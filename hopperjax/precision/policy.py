@@ -33,6 +33,8 @@ class Policy:
       loss_scaling: whether the step scales the loss (dynamic loss scaling).
       attention: the ``attention`` config value: which softmax-attention kernel the models'
         ``layers.attention`` calls ("auto", "xla" or "cudnn").
+      int8: the INT8 inference scheme of every Dense layer (``precision/int8.py``; "none" in
+        training; set by ``infer/quantize.py``).
     """
 
     name: str
@@ -45,6 +47,7 @@ class Policy:
     amax_history_length: int = 1024
     loss_scaling: bool = False
     attention: str = "auto"
+    int8: str = "none"
 
     def uses_fp8(self, layer_name: str) -> bool:
         return layer_name in self.fp8_layers

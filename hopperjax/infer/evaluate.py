@@ -1,0 +1,71 @@
+"""A restored (or quantized) model's quality and latency, through the workload seam only.
+
+``evaluate`` scores the eval split as training's evaluation does (preprocess, ``predict``,
+``eval_outputs``, ``summarize``; plus ``generation_metrics`` for workloads that generate), so a
+quantized model's figures compare one to one with the float model's. ``latency`` times the
+jitted ``predict`` on one batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from hopperjax.infer.restore import Restored
+from hopperjax.workloads.base import Datasets
+
+
+def _predict_fn(restored: Restored) -> Any:
+    workload, model = restored.workload, restored.model
+
+    @jax.jit
+    def predict(variables: dict[str, Any], batch: Any) -> Any:
+        batch = workload.preprocess(batch, jax.random.key(0), train=False)
+        return workload.eval_outputs(workload.predict(model, variables, batch), batch)
+
+    return predict
+
+
+def evaluate(
+    restored: Restored, datasets: Datasets, *, limit: int | None = None, generate: bool = True
+) -> dict[str, float]:
+    """The workload's eval metrics over the eval split (its first ``limit`` batches), and its
+    generation metrics (``eval_`` prefixed) when it has them and ``generate`` is set."""
+    predict = _predict_fn(restored)
+    outputs = []
+    for i, batch in enumerate(datasets.eval):
+        if limit is not None and i >= limit:
+            break
+        outputs.append(predict(restored.variables, batch))
+    metrics = restored.workload.summarize(jax.device_get(outputs))
+    if generate and restored.workload.generates():
+        extra = restored.workload.generation_metrics(restored.model, restored.variables, datasets)
+        metrics.update({f"eval_{k}": v for k, v in extra.items()})
+    return metrics
+
+
+def latency(restored: Restored, batch: Mapping[str, Any], *, repeats: int = 20) -> float:
+    """Median seconds of one jitted ``predict`` (with preprocessing) on ``batch``, compiled and
+    warmed up first."""
+    predict = _predict_fn(restored)
+    jax.block_until_ready(predict(restored.variables, batch))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(predict(restored.variables, batch))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def first_batches(batches: Iterable[Any], n: int) -> list[Any]:
+    """The first ``n`` batches of an iterable (calibration, latency)."""
+    out = []
+    for batch in batches:
+        if len(out) >= n:
+            break
+        out.append(batch)
+    return out
