@@ -24,7 +24,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 # Not in the device image (its JAX, flax, optax, orbax, chex, rich, pyyaml, nvidia-ml-py are).
-WHEELS=(grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 tensorboardX==2.6.5)
+WHEELS=(grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 tensorboardX==2.6.5
+        flatbuffers==25.12.19)  # jax.export's serialization (the export check)
 
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
   grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
@@ -188,6 +189,28 @@ DLRM_BENCH=(data.source=synthetic data.path=null data.synthetic_dense=13 data.sy
   --steps 10 --chunk 5 --pipeline-batches 10)
 check bench_dlrm 45 "$PY" tools/bench_loop.py --config configs/dlrm_criteo.yaml precision=bf16 \
   "${DLRM_BENCH[@]}"
+# INT8 inference (issue 21) on the GPT trained above (/tmp/gpt_medium, bf16): each scheme's eval
+# loss and jitted predict latency against the bf16 model (experiments/quantize_compare.py), then
+# the W8A8 model exported for cuda and timed through its JAX-only loader at batch 8.
+check int8 40 "$PY" experiments/quantize_compare.py --run-dir /tmp/gpt_medium --eval-batches 4 \
+  --calibration-batches 2 --out "$LOGS/int8"
+[[ -f "$LOGS/int8/results.json" ]] && cp "$LOGS/int8/results.json" "$OUT/int8.json"
+EXPORT_PLATFORM=cuda
+[[ -n "${SMOKE:-}" ]] && EXPORT_PLATFORM=cpu  # a CPU cannot run a module lowered for cuda
+check export 40 bash -c 'rm -rf /tmp/gpt_int8 && "$0" -m hopperjax.export --run-dir /tmp/gpt_medium \
+  --out /tmp/gpt_int8 --quantize w8a8 --platforms "$1" && "$0" - <<'"'"'PY'"'"'
+import sys, time, numpy as np
+sys.path.insert(0, "/tmp/gpt_int8")
+import load_artifact
+model = load_artifact.load("/tmp/gpt_int8")
+batch = {k: np.zeros([8 if n == "batch" else n for n in v["shape"]], v["dtype"])
+         for k, v in model.inputs.items()}
+np.asarray(model(batch))
+start = time.perf_counter()
+for _ in range(20):
+    out = np.asarray(model(batch))
+print(f"exported w8a8 GPT, batch 8: {1e3 * (time.perf_counter() - start) / 20:.2f} ms/call", out.shape)
+PY' "$PY" "$EXPORT_PLATFORM"
 # Translation (issue 19): the Multi30k recipe in bf16, cut to 1,000 steps, then beam-search BLEU
 # and chrF on test_2016_flickr (experiments/translation_benchmark.py). Needs .data/multi30k.
 MT_SHORT=(train.steps=1000 train.eval_every=500)

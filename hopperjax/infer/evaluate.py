@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from hopperjax.infer.restore import Restored
+from hopperjax.precision import policy_from_config
 from hopperjax.workloads.base import Datasets
 
 
@@ -34,30 +35,41 @@ def evaluate(
     restored: Restored, datasets: Datasets, *, limit: int | None = None, generate: bool = True
 ) -> dict[str, float]:
     """The workload's eval metrics over the eval split (its first ``limit`` batches), and its
-    generation metrics (``eval_`` prefixed) when it has them and ``generate`` is set."""
+    generation metrics when it has them and ``generate`` is set, traced under the run's matmul
+    precision as training's evaluation is."""
     predict = _predict_fn(restored)
     outputs = []
-    for i, batch in enumerate(datasets.eval):
-        if limit is not None and i >= limit:
-            break
-        outputs.append(predict(restored.variables, batch))
-    metrics = restored.workload.summarize(jax.device_get(outputs))
-    if generate and restored.workload.generates():
-        extra = restored.workload.generation_metrics(restored.model, restored.variables, datasets)
-        metrics.update({f"eval_{k}": v for k, v in extra.items()})
+    with _precision(restored):
+        for i, batch in enumerate(datasets.eval):
+            if limit is not None and i >= limit:
+                break
+            outputs.append(predict(restored.variables, batch))
+        metrics = restored.workload.summarize(jax.device_get(outputs))
+        if generate and restored.workload.generates():
+            workload = restored.workload
+            metrics.update(
+                workload.generation_metrics(restored.model, restored.variables, datasets)
+            )
     return metrics
+
+
+def _precision(restored: Restored) -> Any:
+    config, workload = restored.config, restored.workload
+    policy = policy_from_config(config, default_fp8_layers=workload.default_fp8_layers)
+    return jax.default_matmul_precision(policy.matmul_precision)
 
 
 def latency(restored: Restored, batch: Mapping[str, Any], *, repeats: int = 20) -> float:
     """Median seconds of one jitted ``predict`` (with preprocessing) on ``batch``, compiled and
     warmed up first."""
     predict = _predict_fn(restored)
-    jax.block_until_ready(predict(restored.variables, batch))
     times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    with _precision(restored):
         jax.block_until_ready(predict(restored.variables, batch))
-        times.append(time.perf_counter() - start)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(predict(restored.variables, batch))
+            times.append(time.perf_counter() - start)
     return float(np.median(times))
 
 

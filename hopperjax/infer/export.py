@@ -110,6 +110,8 @@ def export_restored(
         "quantize": quantize or "none",
         "platforms": list(platforms),
         "inputs": described,
+        # Whether requests concatenate along the batch (the server merges them) or must run alone.
+        "independent_rows": bool(restored.workload.independent_rows),
         "outputs": [str(o) for o in exported.out_avals],
         "variables": dtypes,
         "parameter_bytes": int(sum(v.nbytes for v in flat.values())),

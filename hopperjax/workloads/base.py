@@ -62,6 +62,9 @@ class Workload(abc.ABC):
       smoke_overrides: ``key=value`` overrides that shrink ``workload: <name>`` with its
         defaults to a model and data that need no file and build, train and evaluate in seconds
         on a CPU (the contract test runs every workload with them; so can a user).
+      independent_rows: row i of every batch field belongs to example i alone, so two batches
+        concatenate into one (the serving batcher merges requests); False when fields index
+        into each other (DTA's deduplicated molecule tables).
     """
 
     ModelConfig: ClassVar[type[ModelConfig]]
@@ -72,6 +75,7 @@ class Workload(abc.ABC):
     default_fp8_layers: ClassVar[tuple[str, ...]] = ()
     mutable: ClassVar[tuple[str, ...]] = ()
     smoke_overrides: ClassVar[tuple[str, ...]] = ()
+    independent_rows: ClassVar[bool] = True
 
     def __init__(self, config: Config):
         self.config = config

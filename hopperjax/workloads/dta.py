@@ -305,6 +305,7 @@ class AffinityRegression(Workload):
     ModelConfig = dta_model.DTAConfig
     DataConfig = AffinityData
     examples_name = "pairs"
+    independent_rows = False  # pairs index into the batch's drug and protein tables
     remat_names = BLOCK_ACTIVATIONS  # the transformer encoders' blocks
     fp8_layers = BLOCK_DENSE_LAYERS
     default_fp8_layers = BLOCK_DENSE_LAYERS
