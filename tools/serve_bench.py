@@ -148,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             server, base = start_server(directory, max_batch, args.max_wait_ms)
             try:
                 body = request_body(base, args.rows)
-                # Compile the buckets first: a burst as wide as the batch, twice.
-                load(base, body, max_batch, 2 * max_batch, args.seconds)
+                load(base, body, max_batch, 2 * max_batch, args.seconds)  # warm the clients up
                 for concurrency in levels:
                     r = load(base, body, concurrency, args.requests, args.seconds)
                     setting = {"artifact": directory, "quantize": quantize,

@@ -4,9 +4,10 @@ Requests wait in a bounded queue; one worker takes the oldest, adds more while t
 ``max_batch`` examples and the oldest has waited less than ``max_wait_ms``, concatenates them,
 pads the batch with zero rows to the next bucket size (the artifact's module is shape-polymorphic,
 but every new batch size compiles once: buckets bound the compiles), runs it on a worker thread
-and hands each request its own rows. An artifact whose rows are not independent (DTA: pairs index
-into the batch's molecule tables; ``metadata.json``'s ``independent_rows``) runs one request at
-a time, padded the same way.
+and hands each request its own rows. Every bucket is compiled at start-up, before the server
+answers, so no request waits for a compile. An artifact whose rows are not independent (DTA:
+pairs index into the batch's molecule tables; ``metadata.json``'s ``independent_rows``) runs one
+request at a time, padded the same way.
 
 Endpoints: ``POST /predict`` with ``{"inputs": {field: nested list}}`` (a leading batch
 dimension on every field the artifact's signature says) returns ``{"outputs": ...}``; a
@@ -83,6 +84,15 @@ class Batcher:
     def start(self) -> None:
         self.queue = asyncio.Queue(maxsize=self.max_queue)
         self.task = asyncio.get_running_loop().create_task(self._work())
+
+    def warm_up(self) -> None:
+        """Runs every bucket once on zeros, so no request waits for a compile."""
+        for size in self.buckets:
+            zeros = {
+                name: np.zeros([size if n == "batch" else n for n in spec["shape"]], spec["dtype"])
+                for name, spec in self.model.inputs.items()
+            }
+            self._run(zeros)
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -237,6 +247,8 @@ def build_app(model: artifact_lib.Artifact, **batching: Any) -> Any:
         return JSONResponse(batcher.metrics())
 
     async def lifespan(app: Any) -> Any:
+        # Compile every bucket before the first request (the server answers /health after).
+        await asyncio.get_running_loop().run_in_executor(batcher.executor, batcher.warm_up)
         batcher.start()
         yield
         await batcher.stop()
