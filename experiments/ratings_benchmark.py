@@ -90,6 +90,10 @@ def write_synthetic_table(runs: list[dict], header: str, path: Path) -> str:
         *[f"| {r['rows']:,} | {r['steps']:,} | {r['rmse']:.4f} | {r['noise']:.2f} | "
           f"{100 * (r['rmse'] / r['noise'] - 1):.1f} % | {r['wall_s']:.0f} |" for r in runs],
     ]  # fmt: skip
+    return _write(lines, path)
+
+
+def _write(lines: list[str], path: Path) -> str:
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
@@ -109,9 +113,7 @@ def write_table(runs: list[dict], header: str, path: Path) -> str:
         *[f"| {r['fold']} | {r['rmse']:.4f} | {r['mae']:.4f} | {r['ratings']:.0f} | "
           f"{r['wall_s']:.0f} | {r['step_s']:.4f} |" for r in runs],
     ]  # fmt: skip
-    text = "\n".join(lines) + "\n"
-    path.write_text(text)
-    return text
+    return _write(lines, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -235,16 +235,22 @@ def pooled_lookup(table: jax.Array, ids: jax.Array, pooling: str) -> jax.Array:
     return pool(jnp.take(table, jnp.maximum(ids, 0), axis=0), ids, pooling)
 
 
-class Table(nn.Module):
-    """One embedding table (a ``RowTable``: row-sparse updates when the train step asks) and
-    its pooled bag lookup: ``ids`` [batch, hot] -> [batch, dim]."""
+class _Bags(nn.Module):
+    """What every table module holds: its rows' width and init, how bags pool, the precision,
+    and whether the train step updates its rows sparsely."""
 
-    rows: int
     dim: int
     std: float
     pooling: str
     policy: Policy
     sparse: bool = False
+
+
+class Table(_Bags):
+    """One embedding table (a ``RowTable``: row-sparse updates when the train step asks) and
+    its pooled bag lookup: ``ids`` [batch, hot] -> [batch, dim]."""
+
+    rows: int = 0
 
     @nn.compact
     def __call__(self, ids: jax.Array) -> jax.Array:
@@ -255,16 +261,11 @@ class Table(nn.Module):
         return pool(rows, ids, self.pooling).astype(self.policy.compute_dtype)
 
 
-class PlacedTables(nn.Module):
+class PlacedTables(_Bags):
     """Every table placed whole in one group of a grouped ``RowTable`` [groups, rows, dim]
     (``place_tables``): ``sparse`` [batch, tables, hot] -> bags [batch, tables, dim]."""
 
-    placement: Placement
-    dim: int
-    std: float
-    pooling: str
-    policy: Policy
-    sparse: bool = False
+    placement: Placement | None = None
 
     @nn.compact
     def __call__(self, sparse: jax.Array) -> jax.Array:
@@ -309,15 +310,15 @@ class DLRM(nn.Module):
         placement = c.placement()
         if placement is not None:
             placed = PlacedTables(
-                placement, c.embed_dim, c.init_std, c.pooling, policy, c.sparse_updates,
+                c.embed_dim, c.init_std, c.pooling, policy, c.sparse_updates, placement=placement,
                 name="tables",
             )(sparse[:, np.array(c.placed)])  # fmt: skip
             for i, t in enumerate(c.placed):
                 bags[t] = placed[:, i]
         for t, rows in enumerate(c.tables):
             if bags[t] is None:
-                table = Table(rows, c.embed_dim, c.init_std, c.pooling, policy, c.sparse_updates,
-                              name=f"table_{t}")  # fmt: skip
+                table = Table(c.embed_dim, c.init_std, c.pooling, policy, c.sparse_updates,
+                              rows=rows, name=f"table_{t}")  # fmt: skip
                 bags[t] = table(sparse[:, t])
         penalty = sum((bag.astype(jnp.float32) ** 2).sum(-1) for bag in bags)
         if c.kind == "mf":
