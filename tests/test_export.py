@@ -5,6 +5,7 @@ batch sizes; INT8 artifacts; the CLI and its one-line errors."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import json
 
@@ -66,6 +67,17 @@ def test_exported_predict_equals_in_process_predict_at_two_batch_sizes(name, tmp
         batch = _fitted(batches[0], meta["inputs"], rows)
         got = np.asarray(jax.tree.leaves(model(batch))[0], np.float32)
         np.testing.assert_allclose(got, predict_batch(restored, batch), rtol=1e-5, atol=1e-5)
+
+
+def test_only_batch_axes_are_symbolic_even_when_another_dimension_equals_the_batch(tmp_path):
+    """An eval batch of 32 windows of 32 tokens: the length stays 32."""
+    from hopperjax.infer.export import input_signature
+
+    restored, _ = restored_from_init("lm", tmp_path)
+    config = restored.config.replace(**{"train.eval_batch_size": 32})
+    specs, described = input_signature(dataclasses.replace(restored, config=config))
+    assert described["inputs"]["shape"] == ["batch", 32]
+    assert str(specs["inputs"].shape[0]) == "batch" and specs["inputs"].shape[1] == 32
 
 
 def test_int8_artifact_runs_the_quantized_model_and_errors_name_the_field(tmp_path):

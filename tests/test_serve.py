@@ -183,3 +183,45 @@ def test_serve_bench_reports_throughput_and_latency_against_servers_it_starts(
     assert rows[0]["requests_per_batch"] == 1.0  # one client, batch 1: nothing to merge
     assert "| requests/s |" in capsys.readouterr().out
     assert bench.main(["--artifact", str(tmp_path / "none")]) == 2
+
+
+class _Doubler:
+    """A stand-in artifact: doubles ``x``; its first call fails."""
+
+    def __init__(self):
+        self.inputs = {"x": {"shape": ["batch", 2], "dtype": "float32"}}
+        self.metadata = {}
+        self.calls = 0
+
+    def check(self, batch):
+        return {"x": np.asarray(batch["x"], np.float32)}
+
+    def __call__(self, batch):
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("device lost")
+        return batch["x"] * 2
+
+
+def test_batcher_takes_every_queued_request_and_survives_a_failed_batch():
+    """40 requests queued at once with max batch 32 and no waiting run as 32 + 8 (not one by
+    one); a batch whose model call fails answers its requests with the error and the worker
+    goes on."""
+    from hopperjax.infer.serve import _encode
+
+    async def scenario():
+        model = _Doubler()
+        batcher = Batcher(model, max_batch=32, max_wait_ms=0, max_queue=64)
+        batcher.start()
+        with pytest.raises(RuntimeError, match="device lost"):
+            await batcher.submit({"x": [[1.0, 2.0]]})
+        outs = await asyncio.gather(*(batcher.submit({"x": [[i, -i]]}) for i in range(40)))
+        await batcher.stop()
+        return outs, list(batcher.batch_sizes)
+
+    outs, sizes = asyncio.run(scenario())
+    assert [o.tolist() for o in outs] == [[[2.0 * i, -2.0 * i]] for i in range(40)]
+    assert sizes == [32, 8]
+    assert json.loads(_encode({"y": np.array([1.0, np.nan, np.inf])})) == {
+        "outputs": {"y": [1.0, None, None]}
+    }

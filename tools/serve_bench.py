@@ -8,8 +8,8 @@ For each artifact and ``--max-batch``, starts a server on a free loopback port, 
 concurrency level runs that many client threads, each sending requests of ``--rows`` examples
 (zeros of the artifact's input signature) back to back, until ``--requests`` have been answered
 or ``--seconds`` have passed (a bounded run either way). Reports requests/s, examples/s, p50 and
-p99 latency as the clients saw them, and the server's mean padded batch (``/metrics``). Prints a
-table (and writes the rows as JSON).
+p99 latency as the clients saw them, and how many requests the server merged per batch
+(``/metrics``). Prints a table (and writes the rows as JSON).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -42,11 +43,14 @@ def _get(url: str, timeout: float = 5.0) -> dict:
 def start_server(artifact: str, max_batch: int, max_wait_ms: float) -> tuple[subprocess.Popen, str]:
     """A server on a free port, once its /health answers (raises RuntimeError if it exits)."""
     port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "hopperjax.serve", "--artifact", artifact, "--port", str(port),
-         "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    # A file, not a pipe: a chatty server never blocks on it (Popen keeps its own handle).
+    log = Path(tempfile.mkdtemp(prefix="serve_bench_")) / "server.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "hopperjax.serve", "--artifact", artifact, "--port",
+             str(port), "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms)],
+            stdout=out, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     for _ in range(1200):
         try:
@@ -54,7 +58,7 @@ def start_server(artifact: str, max_batch: int, max_wait_ms: float) -> tuple[sub
             return server, base
         except OSError:
             if server.poll() is not None:
-                raise RuntimeError(f"the server exited: {server.stdout.read()}") from None
+                raise RuntimeError(f"the server exited: {log.read_text()}") from None
             time.sleep(0.1)
     server.kill()
     raise RuntimeError("the server did not answer /health within 120 s")
@@ -163,12 +167,16 @@ def main(argv: list[str] | None = None) -> int:
         "requests per batch | answered |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"  # none answered
+
     for r in rows:
         lines.append(
             f"| {r['artifact']} | {r['quantize']} | {r['max_batch']} | {r['concurrency']} | "
             f"{r['requests_per_s']:.1f} | {r['requests_per_s'] * args.rows:.1f} | "
-            f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['requests_per_batch']:.2f} | "
-            f"{r['answered']} |"
+            f"{ms(r['p50_ms'])} | {ms(r['p99_ms'])} | {r['requests_per_batch']:.2f} | "
+            f"{r['answered']} ({r['errors']} failed) |"
         )
     print("\n".join(lines))
     if args.json:

@@ -8,6 +8,7 @@ jitted ``predict`` on one batch.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -40,9 +41,7 @@ def evaluate(
     predict = _predict_fn(restored)
     outputs = []
     with _precision(restored):
-        for i, batch in enumerate(datasets.eval):
-            if limit is not None and i >= limit:
-                break
+        for batch in itertools.islice(datasets.eval, limit):
             outputs.append(predict(restored.variables, batch))
         metrics = restored.workload.summarize(jax.device_get(outputs))
         if generate and restored.workload.generates():
@@ -75,9 +74,4 @@ def latency(restored: Restored, batch: Mapping[str, Any], *, repeats: int = 20) 
 
 def first_batches(batches: Iterable[Any], n: int) -> list[Any]:
     """The first ``n`` batches of an iterable (calibration, latency)."""
-    out = []
-    for batch in batches:
-        if len(out) >= n:
-            break
-        out.append(batch)
-    return out
+    return list(itertools.islice(batches, n))

@@ -1,7 +1,7 @@
 """Export a restored (optionally INT8-quantized) model as a self-contained artifact.
 
 ``export_restored`` traces the workload's evaluation path (``preprocess(train=False)`` then
-``predict``) with ``jax.export``: every batch dimension of the run's eval batch becomes one
+``predict``) with ``jax.export``: every dimension whose logical axis is ``batch`` becomes one
 symbolic size ``batch``, and the module is lowered for each platform asked (``cpu``, ``cuda``;
 lowering for a platform needs no device of it). Its variables go to ``variables.npz``, the
 input signature, dtypes and versions to ``metadata.json``, the run's own files (its config,
@@ -24,6 +24,7 @@ import hopperjax
 from hopperjax.config import ConfigError
 from hopperjax.infer import artifact
 from hopperjax.infer.restore import Restored
+from hopperjax.precision import policy_from_config
 
 PLATFORMS = ("cpu", "cuda")
 # Run files an artifact never needs (the rest: config, tokenizer, vocabulary, ... are copied).
@@ -42,17 +43,19 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def input_signature(restored: Restored) -> tuple[dict[str, jax.ShapeDtypeStruct], dict]:
-    """The module's batch spec (batch-sized dimensions symbolic) and its description."""
+    """The module's batch spec (every dimension whose logical axis is ``batch`` symbolic) and its
+    description."""
     config, workload = restored.config, restored.workload
     size = config.train.eval_batch_size or config.train.batch_size
     fields = workload.batch_fields(size, None)
     (batch,) = jax.export.symbolic_shape("batch")
     specs, described = {}, {}
     for name, field in fields.items():
-        shape = tuple(batch if n == size else n for n in field.shape)
+        symbolic = [axis == "batch" for axis in field.axes]
+        shape = tuple(batch if s else n for n, s in zip(field.shape, symbolic, strict=True))
         specs[name] = jax.ShapeDtypeStruct(shape, field.dtype)
         described[name] = {
-            "shape": ["batch" if n == size else n for n in field.shape],
+            "shape": ["batch" if s else n for n, s in zip(field.shape, symbolic, strict=True)],
             "dtype": np.dtype(field.dtype).name,
         }
     return specs, described
@@ -90,8 +93,13 @@ def export_restored(
     variable_specs = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), restored.variables
     )
+    policy = policy_from_config(restored.config, default_fp8_layers=workload.default_fp8_layers)
     try:
-        exported = jax.export.export(jax.jit(predict), platforms=platforms)(variable_specs, specs)
+        # Traced under the run's matmul precision, as its evaluation is (fp32 stays fp32 on GPUs).
+        with jax.default_matmul_precision(policy.matmul_precision):
+            exported = jax.export.export(jax.jit(predict), platforms=platforms)(
+                variable_specs, specs
+            )
     except Exception as e:  # shape polymorphism errors come as several exception types
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(

@@ -2,12 +2,13 @@
 
 ``quantize_restored(restored, scheme, calibration)`` rebuilds the run's model with every Dense
 layer in an INT8 scheme (``precision/int8.py``: ``weight``, ``w8a8``, ``w8a8_static``) and
-converts the trained variables to it: each float kernel becomes an int8 kernel and its
-per-output-channel scale; everything else (embeddings, norms, biases, convolutions, BatchNorm
-statistics) is kept as it was. ``w8a8_static`` first runs the float model over the calibration
-batches (the workload's own preprocessing and model inputs, as evaluation does) to record each
-layer's largest input magnitude. The result predicts through the workload's ``predict`` like
-the original.
+converts the trained variables to it: each Dense and convolution kernel becomes an int8 kernel
+and its per-output-channel scale (convolutions then run weight-only: ``layers.Int8Conv``);
+everything else (embeddings, norms, biases, BatchNorm statistics) is kept as it was.
+``w8a8_static`` first runs the float model over the calibration batches (the workload's own
+preprocessing and model inputs, as evaluation does, under the run's matmul precision) to record
+each layer's largest input magnitude. The result predicts through the workload's ``predict``
+like the original.
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ def calibrate(restored: Restored, batches: Iterable[Mapping[str, Any]]) -> dict[
         return updates.get(int8_ops.INT8_CALIBRATION, {})
 
     amax, seen = {}, 0
-    for batch in batches:
-        amax = observe({**variables, **({int8_ops.INT8_CALIBRATION: amax} if amax else {})},
-                       batch)  # fmt: skip
-        seen += 1
+    precision = _policy(restored, "none").matmul_precision
+    with jax.default_matmul_precision(precision):
+        for batch in batches:
+            amax = observe({**variables, **({int8_ops.INT8_CALIBRATION: amax} if amax else {})},
+                           batch)  # fmt: skip
+            seen += 1
     if not seen:
         raise ConfigError("infer.calibration_batches", "no calibration batch was read")
     return amax

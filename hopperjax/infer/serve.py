@@ -10,9 +10,11 @@ pairs index into the batch's molecule tables; ``metadata.json``'s ``independent_
 request at a time, padded the same way.
 
 Endpoints: ``POST /predict`` with ``{"inputs": {field: nested list}}`` (a leading batch
-dimension on every field the artifact's signature says) returns ``{"outputs": ...}``; a
-malformed request gets 400 with a one-line message, a full queue 503. ``GET /health`` says what
-is served; ``GET /metrics`` counts requests, examples, batches, rejections and latencies.
+dimension on every field the artifact's signature says) returns ``{"outputs": ...}`` (NaN and
+infinities as null); a malformed request gets 400 with a one-line message, a full queue 503.
+Ids beyond a table or vocabulary are not checked (the artifact has no bounds): a table-wise DLRM
+would read a neighbouring table's row. ``GET /health`` says what is served; ``GET /metrics``
+counts requests, examples, batches, rejections and latencies.
 """
 
 from __future__ import annotations
@@ -118,59 +120,71 @@ class Batcher:
         return await future
 
     async def _next(self, timeout: float | None) -> _Request | None:
+        """The carried-over request, else one already queued, else one that arrives within
+        ``timeout`` seconds (None: wait as long as it takes; <= 0: do not wait)."""
         if self.carry is not None:
             request, self.carry = self.carry, None
             return request
+        try:
+            return self.queue.get_nowait()  # (wait_for with timeout 0 never takes one)
+        except asyncio.QueueEmpty:
+            pass
         if timeout is None:
             return await self.queue.get()
+        if timeout <= 0:
+            return None
         try:
             return await asyncio.wait_for(self.queue.get(), timeout)
         except TimeoutError:
             return None
 
     async def _work(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             first = await self._next(None)
-            group, rows = [first], first.rows
-            deadline = first.arrived + self.max_wait
-            while self.independent and rows < self.max_batch:
-                request = await self._next(max(0.0, deadline - time.perf_counter()))
-                if request is None:
-                    break
-                if rows + request.rows > self.max_batch:
-                    self.carry = request  # first in the next batch
-                    break
-                group.append(request)
-                rows += request.rows
-            size = next((b for b in self.buckets if b >= rows), rows)
-            merged = {}
-            for name in group[0].batch:
-                parts = [r.batch[name] for r in group]
-                if name in self.batch_fields:
-                    value = np.concatenate(parts) if len(parts) > 1 else parts[0]
-                    pad = [(0, size - value.shape[0])] + [(0, 0)] * (value.ndim - 1)
-                    merged[name] = np.pad(value, pad)
-                else:
-                    merged[name] = parts[0]
+            group = [first]
             try:
-                outputs = await loop.run_in_executor(self.executor, self._run, merged)
-            except Exception as e:  # the model failed: every request of the batch hears why
+                await self._batch(group)
+            except Exception as e:  # whatever failed, every request of the batch hears why
                 for r in group:
                     if not r.future.done():
                         r.future.set_exception(e)
-                continue
-            start, now = 0, time.perf_counter()
-            for r in group:
-                part = jax.tree.map(lambda x, s=start, n=r.rows: x[s : s + n], outputs)
-                start += r.rows
-                if not r.future.done():
-                    r.future.set_result(part)
-                self.latencies.append(now - r.arrived)
-            self.counts["batches"] += 1
-            self.counts["requests"] += len(group)
-            self.counts["examples"] += rows
-            self.batch_sizes.append(size)
+
+    async def _batch(self, group: list[_Request]) -> None:
+        """Fills ``group`` (its first request taken) up to ``max_batch`` rows, runs it, answers."""
+        rows = group[0].rows
+        deadline = group[0].arrived + self.max_wait
+        while self.independent and rows < self.max_batch:
+            request = await self._next(deadline - time.perf_counter())
+            if request is None:
+                break
+            if rows + request.rows > self.max_batch:
+                self.carry = request  # first in the next batch
+                break
+            group.append(request)
+            rows += request.rows
+        size = next((b for b in self.buckets if b >= rows), rows)
+        merged = {}
+        for name in group[0].batch:
+            parts = [r.batch[name] for r in group]
+            if name in self.batch_fields:
+                value = np.concatenate(parts) if len(parts) > 1 else parts[0]
+                pad = [(0, size - value.shape[0])] + [(0, 0)] * (value.ndim - 1)
+                merged[name] = np.pad(value, pad)
+            else:
+                merged[name] = parts[0]
+        loop = asyncio.get_running_loop()
+        outputs = await loop.run_in_executor(self.executor, self._run, merged)
+        start, now = 0, time.perf_counter()
+        for r in group:
+            part = jax.tree.map(lambda x, s=start, n=r.rows: x[s : s + n], outputs)
+            start += r.rows
+            if not r.future.done():
+                r.future.set_result(part)
+            self.latencies.append(now - r.arrived)
+        self.counts["batches"] += 1
+        self.counts["requests"] += len(group)
+        self.counts["examples"] += rows
+        self.batch_sizes.append(size)
 
     def _run(self, batch: dict[str, np.ndarray]) -> Any:
         return jax.tree.map(np.asarray, self.model(batch))
@@ -199,11 +213,23 @@ def _array(name: str, values: Any, dtype: str) -> np.ndarray:
     return array.astype(want)
 
 
+def _encode(outputs: Any) -> bytes:
+    """``{"outputs": ...}`` as JSON; NaN and infinities (which JSON has no word for) as null."""
+
+    def listed(x: np.ndarray) -> Any:
+        x = np.asarray(x)
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            return np.where(np.isfinite(x), x, None).tolist()
+        return x.tolist()
+
+    return json.dumps({"outputs": jax.tree.map(listed, outputs)}).encode()
+
+
 def build_app(model: artifact_lib.Artifact, **batching: Any) -> Any:
     """The Starlette application serving ``model``."""
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     batcher = Batcher(model, **batching)
@@ -232,7 +258,9 @@ def build_app(model: artifact_lib.Artifact, **batching: Any) -> Any:
             return JSONResponse({"error": f"busy: {e}"}, status_code=503)
         except (artifact_lib.ArtifactError, ValueError) as e:
             return JSONResponse({"error": str(e)}, status_code=400)
-        return JSONResponse({"outputs": jax.tree.map(lambda x: x.tolist(), outputs)})
+        # Encoded off the event loop (a batch's logits are large); non-finite numbers as null.
+        body = await asyncio.get_running_loop().run_in_executor(None, _encode, outputs)
+        return Response(body, media_type="application/json")
 
     async def health(request: Request) -> JSONResponse:
         del request
