@@ -40,16 +40,24 @@ def _get(url: str, timeout: float = 5.0) -> dict:
         return json.loads(response.read())
 
 
-def start_server(artifact: str, max_batch: int, max_wait_ms: float) -> tuple[subprocess.Popen, str]:
-    """A server on a free port, once its /health answers (raises RuntimeError if it exits)."""
-    port = _free_port()
+def start_server(
+    artifact: str,
+    max_batch: int,
+    max_wait_ms: float,
+    *,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[subprocess.Popen, str]:
+    """A server on ``port`` (default: a free one) with environment ``env`` (default: ours), once
+    its /health answers (raises RuntimeError if it exits)."""
+    port = port or _free_port()
     # A file, not a pipe: a chatty server never blocks on it (Popen keeps its own handle).
     log = Path(tempfile.mkdtemp(prefix="serve_bench_")) / "server.log"
     with open(log, "w") as out:
         server = subprocess.Popen(
             [sys.executable, "-m", "hopperjax.serve", "--artifact", artifact, "--port",
              str(port), "--max-batch", str(max_batch), "--max-wait-ms", str(max_wait_ms)],
-            stdout=out, stderr=subprocess.STDOUT, text=True,
+            stdout=out, stderr=subprocess.STDOUT, text=True, env=env,
         )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     for _ in range(1200):
