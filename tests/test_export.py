@@ -53,6 +53,7 @@ def test_exported_predict_equals_in_process_predict_at_two_batch_sizes(name, tmp
     out = tmp_path / "artifact"
     meta = export_restored(restored, out, platforms=("cpu", "cuda"))
     assert meta["platforms"] == ["cpu", "cuda"] and "batch" in json.dumps(meta["inputs"])
+    assert "stablehlo" in (out / "predict.stablehlo.mlir").read_text()
     loader = out / "load_artifact.py"
     imported = {
         node.module if isinstance(node, ast.ImportFrom) else alias.name

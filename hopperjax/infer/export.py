@@ -3,11 +3,12 @@
 ``export_restored`` traces the workload's evaluation path (``preprocess(train=False)`` then
 ``predict``) with ``jax.export``: every dimension whose logical axis is ``batch`` becomes one
 symbolic size ``batch``, and the module is lowered for each platform asked (``cpu``, ``cuda``;
-lowering for a platform needs no device of it). Its variables go to ``variables.npz``, the
-input signature, dtypes and versions to ``metadata.json``, the run's own files (its config,
-tokenizer or vocabulary) beside them, and ``load_artifact.py`` (``infer/artifact.py``, which
-imports nothing from hopperjax) runs it with JAX alone. The directory is written under a
-hidden name and renamed when complete.
+lowering for a platform needs no device of it), serialized (``predict.jax``) and also written
+as StableHLO text (``predict.stablehlo.mlir``, for other compilers). Its variables go to
+``variables.npz``, the input signature, dtypes and versions to ``metadata.json``, the run's own
+files (its config, tokenizer or vocabulary) beside them, and ``load_artifact.py``
+(``infer/artifact.py``, which imports nothing from hopperjax) runs it with JAX alone. The
+directory is written under a hidden name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -140,6 +141,8 @@ def export_restored(
 
 def _write(tmp: Path, exported: Any, stored: dict, metadata: dict, run_dir: Any) -> None:
     (tmp / "predict.jax").write_bytes(exported.serialize())
+    # The same module as StableHLO text: what other compilers (mlir-tensorrt's) take.
+    (tmp / "predict.stablehlo.mlir").write_text(exported.mlir_module())
     np.savez(tmp / "variables.npz", **stored)
     shutil.copyfile(Path(artifact.__file__), tmp / "load_artifact.py")
     if run_dir is not None:
