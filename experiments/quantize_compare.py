@@ -8,7 +8,8 @@ For each run (its newest verified checkpoint, restored without optimizer state):
 model's eval metrics (the workload's own, over the eval split, plus its generation metrics,
 e.g. BLEU), then for each INT8 scheme (``hopperjax/infer/quantize.py``) the same metrics, their
 relative change, the parameter bytes, and the median latency of one jitted ``predict`` on an eval
-batch. ``w8a8_static`` calibrates on the first ``--calibration-batches`` training batches.
+batch. ``w8a8_static`` calibrates on the first ``--calibration-batches`` training batches, to
+``--calibration-percentile`` of the input magnitudes (100: the largest).
 Writes ``OUT/table.md`` and ``OUT/results.json``.
 """
 
@@ -29,7 +30,7 @@ from dta_benchmark import cpu_name
 import hopperjax
 from hopperjax.infer import restore_params
 from hopperjax.infer.evaluate import evaluate, first_batches, latency
-from hopperjax.infer.quantize import quantize_restored, weight_bytes
+from hopperjax.infer.quantize import DEFAULT_PERCENTILE, quantize_restored, weight_bytes
 from hopperjax.precision.int8 import SCHEMES
 from hopperjax.trainer.components import build_datasets
 
@@ -53,7 +54,10 @@ def compare(run_dir: str, args: argparse.Namespace) -> dict:
     rows = []
     for scheme in ("float", *args.schemes):
         start = time.perf_counter()
-        model = restored if scheme == "float" else quantize_restored(restored, scheme, calibration)
+        model = restored
+        if scheme != "float":
+            model = quantize_restored(restored, scheme, calibration,
+                                      percentile=args.calibration_percentile)  # fmt: skip
         convert_s = time.perf_counter() - start
         metrics = evaluate(model, datasets, limit=args.eval_batches)
         rows.append({
@@ -97,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", action="append", required=True)
     parser.add_argument("--schemes", default=",".join(SCHEMES))
     parser.add_argument("--calibration-batches", type=int, default=8)
+    parser.add_argument("--calibration-percentile", type=float, default=DEFAULT_PERCENTILE)
     parser.add_argument("--eval-batches", type=int, default=None)
     parser.add_argument("--latency-repeats", type=int, default=20)
     parser.add_argument("--out", default="runs/quantize_compare")

@@ -6,7 +6,8 @@ artifact that JAX alone can run (``hopperjax/infer/export.py``): the workload's 
 ``--platforms`` (``cpu``, ``cuda``; comma-separated), its variables, ``metadata.json`` and
 ``load_artifact.py``. ``--quantize``: an INT8 scheme first (``weight``, ``w8a8``, ``w8a8_static``;
 ``int8`` means ``w8a8``), the static one calibrated on ``--calibration-batches`` training
-batches (the run's data must be where its config says). Errors: one line, exit code 2.
+batches (the run's data must be where its config says) to ``--calibration-percentile`` of the
+input magnitudes (default 99.99). Errors: one line, exit code 2.
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quantize", help="weight | w8a8 | w8a8_static | int8 (= w8a8)")
     parser.add_argument("--platforms", default="cpu", help="cpu,cuda (default: cpu)")
     parser.add_argument("--calibration-batches", type=int, default=8)
+    parser.add_argument(
+        "--calibration-percentile", type=float, default=None,
+        help="w8a8_static: this percentile of the input magnitudes (100: the largest)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     from hopperjax.config import ConfigError
     from hopperjax.infer import restore_params
     from hopperjax.infer.evaluate import first_batches
     from hopperjax.infer.export import export_restored
-    from hopperjax.infer.quantize import quantize_restored
+    from hopperjax.infer.quantize import DEFAULT_PERCENTILE, quantize_restored
 
     scheme = {"int8": "w8a8"}.get(args.quantize, args.quantize)
     try:
@@ -43,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
 
                 datasets = build_datasets(restored.config, workload=restored.workload)
                 calibration = first_batches(datasets.train, args.calibration_batches)
-            restored = quantize_restored(restored, scheme, calibration)
+            percentile = args.calibration_percentile or DEFAULT_PERCENTILE
+            restored = quantize_restored(restored, scheme, calibration, percentile=percentile)
         platforms = tuple(p.strip() for p in args.platforms.split(",") if p.strip())
         metadata = export_restored(restored, args.out, platforms=platforms, quantize=scheme,
                                    run_dir=args.run_dir)  # fmt: skip

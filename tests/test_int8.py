@@ -99,3 +99,22 @@ def test_kernel_bytes_shrink_four_times():
         assert qflat[path].nbytes * 4 == leaf.nbytes
         scale = qflat[(*path[:-1], jax.tree_util.DictKey(int8_ops.KERNEL_SCALE))]
         assert scale.dtype == jnp.float32 and scale.size < leaf.size / 4
+
+
+def test_static_calibration_records_a_percentile_of_the_input_magnitudes(tmp_path):
+    """100 records each layer's largest |x|; a lower percentile lets outliers saturate, so its
+    scales come out smaller; the key is checked."""
+    x = jnp.concatenate([jnp.linspace(-1.0, 1.0, 1001), jnp.array([50.0])])
+    assert float(int8_ops.magnitude(x, 100.0)) == 50.0
+    assert float(int8_ops.magnitude(x, 50.0)) == pytest.approx(0.5, abs=2e-3)
+    from hopperjax.infer.quantize import calibrate
+
+    restored, batches = _restored("lm", tmp_path)
+    leaves = {p: jax.tree.leaves(calibrate(restored, batches, percentile=p)) for p in (100.0, 99.0)}
+    assert len(leaves[100.0]) == len(leaves[99.0]) > 0
+    for top, clipped in zip(leaves[100.0], leaves[99.0], strict=True):
+        assert (np.asarray(clipped) <= np.asarray(top)).all()
+    assert any((np.asarray(c) < np.asarray(t)).any()
+               for t, c in zip(leaves[100.0], leaves[99.0], strict=True))  # fmt: skip
+    with pytest.raises(ConfigError, match="calibration-percentile"):
+        calibrate(restored, batches, percentile=0.0)

@@ -47,8 +47,8 @@ class Dense(nn.Module):
       fp8_dot: a module class computing the dot in FP8 (``precision/fp8.py``); None: plain dot.
       int8: an INT8 inference scheme (``precision/int8.py``): ``weight``, ``w8a8`` or
         ``w8a8_static`` hold an int8 ``kernel`` and its per-output-channel ``kernel_scale``
-        (and ``input_scale``) instead of a float kernel; ``calibrate`` records the largest input
-        magnitude; ``none``: a float layer.
+        (and ``input_scale``) instead of a float kernel; ``calibrate`` records the input
+        magnitude (``int8_percentile`` of ``|x|``, 100: the largest); ``none``: a float layer.
     """
 
     features: tuple[int, ...]
@@ -59,6 +59,7 @@ class Dense(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
     fp8_dot: Any = None
     int8: str = "none"
+    int8_percentile: float = 100.0
     kernel_init: Any = None
 
     @nn.compact
@@ -83,7 +84,7 @@ class Dense(nn.Module):
             amax = self.variable(
                 int8_ops.INT8_CALIBRATION, int8_ops.INPUT_AMAX, jnp.zeros, (), jnp.float32
             )
-            amax.value = jnp.maximum(amax.value, jnp.max(jnp.abs(x)).astype(jnp.float32))
+            amax.value = jnp.maximum(amax.value, int8_ops.magnitude(x, self.int8_percentile))
         dims = ((tuple(range(1, 1 + n_in)), tuple(range(n_in))), ((), ()))
         x, kernel = x.astype(self.dtype), kernel.astype(self.dtype)
         if self.fp8_dot is not None:
@@ -161,6 +162,7 @@ def dense(
         param_dtype=policy.param_dtype,
         fp8_dot=fp8_dot_general_cls(policy) if policy.uses_fp8(name) else None,
         int8=policy.int8,
+        int8_percentile=policy.int8_percentile,
         kernel_init=kernel_init,
         name=name,
     )

@@ -9,8 +9,10 @@ Schemes (``Policy.int8``; ``infer/quantize.py`` converts a trained model's varia
   rescaled by both scales.
 - ``w8a8_static``: the input quantized with one calibrated scale per layer (``input_scale``:
   the largest input magnitude seen over calibration batches / 127), no per-call reduction.
-- ``calibrate``: a float model that records each layer's largest input magnitude in the
-  ``INT8_CALIBRATION`` collection (the statistic ``w8a8_static`` needs).
+- ``calibrate``: a float model that records each layer's input magnitude in the
+  ``INT8_CALIBRATION`` collection (the statistic ``w8a8_static`` needs): the largest over the
+  calibration batches of each batch's ``percentile`` of ``|x|`` (100: its largest value; a
+  lower one lets a few outliers saturate instead of coarsening every other value).
 
 Scales keep the kernel's rank (1 in the contracted dimensions, ``[..., 1, out]``), so a kernel
 stacked over scanned layers ``[layers, in, out]`` has a scale ``[layers, 1, out]`` and the
@@ -36,6 +38,12 @@ QMAX = 127.0
 def _scale(amax: jax.Array) -> jax.Array:
     """Symmetric scale of an absmax: amax / 127 (1 where amax is 0, so zeros stay zeros)."""
     return jnp.where(amax > 0, amax / QMAX, 1.0).astype(jnp.float32)
+
+
+def magnitude(x: jax.Array, percentile: float = 100.0) -> jax.Array:
+    """The ``percentile`` of ``|x|`` (100: its largest value), as a float32 scalar."""
+    a = jnp.abs(x.astype(jnp.float32))
+    return jnp.max(a) if percentile >= 100.0 else jnp.percentile(a, percentile)
 
 
 def quantize(x: jax.Array, scale: jax.Array) -> jax.Array:

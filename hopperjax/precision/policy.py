@@ -35,6 +35,8 @@ class Policy:
         ``layers.attention`` calls ("auto", "xla" or "cudnn").
       int8: the INT8 inference scheme of every Dense layer (``precision/int8.py``; "none" in
         training; set by ``infer/quantize.py``).
+      int8_percentile: with ``int8="calibrate"``, the percentile of a batch's input magnitudes
+        each Dense layer records (100: the largest).
     """
 
     name: str
@@ -48,6 +50,7 @@ class Policy:
     loss_scaling: bool = False
     attention: str = "auto"
     int8: str = "none"
+    int8_percentile: float = 100.0
 
     def uses_fp8(self, layer_name: str) -> bool:
         return layer_name in self.fp8_layers
