@@ -80,9 +80,9 @@ def test_every_workload_quantizes_and_predicts_close_to_float(name, tmp_path):
         assert rel < {"weight": 0.03, "w8a8": 0.06, "w8a8_static": 0.1}[scheme], (scheme, rel)
     with pytest.raises(ConfigError, match="--quantize"):
         quantize_restored(restored, "int4")
-    with pytest.raises(ConfigError, match="calibration_batches"):
+    with pytest.raises(ConfigError, match="calibration-batches"):
         quantize_restored(restored, "w8a8_static")
-    with pytest.raises(ConfigError, match="calibration_batches"):
+    with pytest.raises(ConfigError, match="calibration-batches"):
         quantize_restored(restored, "w8a8_static", [])
 
 

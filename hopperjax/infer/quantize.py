@@ -47,7 +47,7 @@ def calibrate(
     ``|x|``.
 
     Raises:
-      ConfigError: no batch (``infer.calibration_batches``)."""
+      ConfigError: no batch (``--calibration-batches``)."""
     if not 0.0 < percentile <= 100.0:
         raise ConfigError("--calibration-percentile", f"expected 0 < p <= 100, got {percentile}")
     policy = _policy(restored, "calibrate", percentile)
@@ -72,7 +72,7 @@ def calibrate(
                            batch)  # fmt: skip
             seen += 1
     if not seen:
-        raise ConfigError("infer.calibration_batches", "no calibration batch was read")
+        raise ConfigError("--calibration-batches", "no calibration batch was read")
     return amax
 
 
@@ -114,13 +114,13 @@ def quantize_restored(
 
     Raises:
       ConfigError: an unknown scheme (``--quantize``), or ``w8a8_static`` without calibration
-        batches (``infer.calibration_batches``)."""
+        batches (``--calibration-batches``)."""
     if scheme not in int8_ops.SCHEMES:
         raise ConfigError("--quantize", f"expected one of {', '.join(int8_ops.SCHEMES)}")
     amax = None
     if scheme == "w8a8_static":
         if calibration is None:
-            raise ConfigError("infer.calibration_batches", "w8a8_static needs calibration batches")
+            raise ConfigError("--calibration-batches", "w8a8_static needs calibration batches")
         amax = calibrate(restored, calibration, percentile)
     model = restored.workload.build_model(_policy(restored, scheme), restored.config.remat)
     abstract = nn.meta.unbox(abstract_variables(model, restored.workload, restored.config))
