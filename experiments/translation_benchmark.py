@@ -45,7 +45,7 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
     config = hopperjax.load_config(args.config, [*overrides, f"seed={seed}", f"run_dir={run_dir}"])
     if config.train.generate_every is None:
         config = config.replace(**{"train.generate_every": config.train.eval_every})
-    resumed_from = _checkpoint_steps(run_dir)[-1] if _checkpoint_steps(run_dir) else 0
+    resumed_from = (_checkpoint_steps(run_dir) or [0])[-1]
     start = time.perf_counter()
     hopperjax.train(config, console=False)
     train_s = time.perf_counter() - start
@@ -163,9 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         if seed in done:
             print(f"seed {seed}: kept from {results}", flush=True)
             continue
-        if _checkpoint_steps(out / f"seed{seed}"):
-            print(f"seed {seed}: resuming an unfinished run from step "
-                  f"{_checkpoint_steps(out / f'seed{seed}')[-1]}", flush=True)  # fmt: skip
+        if steps := _checkpoint_steps(out / f"seed{seed}"):
+            print(f"seed {seed}: resuming an unfinished run from step {steps[-1]}", flush=True)
         elif (out / f"seed{seed}").exists():
             print(f"seed {seed}: discarding an unfinished run (no checkpoint)", flush=True)
             shutil.rmtree(out / f"seed{seed}")

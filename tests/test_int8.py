@@ -86,9 +86,9 @@ def test_every_workload_quantizes_and_predicts_close_to_float(name, tmp_path):
         quantize_restored(restored, "w8a8_static", [])
 
 
-def test_kernel_bytes_shrink_four_times():
+def test_kernel_bytes_shrink_four_times(tmp_path):
     """The GPT smoke model: every kernel's bytes / 4 plus its scales."""
-    restored, _ = _restored("lm", "runs/int8-bytes")
+    restored, _ = _restored("lm", tmp_path)
     q = quantize_restored(restored, "weight")
     flat = dict(jax.tree_util.tree_leaves_with_path(restored.variables["params"]))
     qflat = dict(jax.tree_util.tree_leaves_with_path(q.variables["params"]))

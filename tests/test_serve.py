@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -91,10 +89,16 @@ def test_batcher_bounds_its_queue_and_runs_dependent_rows_alone(lm_artifact):
     assert asyncio.run(alone()) == 3
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _serve_bench():
+    """tools/serve_bench.py (its start_server starts the servers these tests talk to)."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("serve_bench", REPO / "tools" / "serve_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
 
 
 def _post(url, body):
@@ -109,23 +113,10 @@ def _post(url, body):
 def test_http_server_batches_concurrent_requests_and_refuses_bad_ones(lm_artifact):
     directory, batch = lm_artifact
     expected = np.asarray(artifact.load(directory)(batch))
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "hopperjax.serve", "--artifact", str(directory), "--port",
-         str(port), "--max-batch", "8", "--max-wait-ms", "50"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    server, base = _serve_bench().start_server(str(directory), 8, 50.0)
     try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=1) as r:
-                    health = json.loads(r.read())
-                    break
-            except OSError:
-                if server.poll() is not None:
-                    pytest.fail(server.stdout.read())
-                time.sleep(0.1)
+        with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
+            health = json.loads(r.read())
         assert health["workload"] == "lm" and health["max_batch"] == 8
         results = {}
 
@@ -164,13 +155,7 @@ def test_http_server_batches_concurrent_requests_and_refuses_bad_ones(lm_artifac
 def test_serve_bench_reports_throughput_and_latency_against_servers_it_starts(
     lm_artifact, tmp_path, capsys
 ):
-    import importlib.util
-
-    from conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("serve_bench", REPO / "tools" / "serve_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _serve_bench()
     directory, _ = lm_artifact
     out = tmp_path / "rows.json"
     argv = ["--artifact", str(directory), "--max-batch", "1,4", "--concurrency", "1,4",
