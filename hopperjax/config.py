@@ -293,6 +293,26 @@ class OffloadConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CommConfig:
+    """How gradients travel between devices (``parallel/compress.py``, ``parallel/overlap.py``).
+
+    ``gradient_compression``: none (XLA's fp32 all-reduce), bf16 or int8: the ``data``-axis
+    reduction as an explicit reduce-scatter + all-gather of encoded chunks. ``error_feedback``:
+    keep each device's encoding residual in the train state and add it to the next step's
+    gradient. ``rounding``: nearest or stochastic (unbiased). ``block_size``: values per int8 scale,
+    in [16, 65536]. ``overlap``: off, default (XLA's own scheduling, nothing set) or aggressive
+    (latency-hiding scheduler, pipelined collectives, large combine thresholds): XLA flags set at
+    the entry point before JAX starts, printed on the first console line.
+    """
+
+    gradient_compression: Literal["none", "bf16", "int8"] = "none"
+    error_feedback: bool = True
+    rounding: Literal["nearest", "stochastic"] = "nearest"
+    block_size: int = 256
+    overlap: Literal["off", "default", "aggressive"] = "default"
+
+
+@dataclasses.dataclass(frozen=True)
 class ProfileConfig:
     """A jax.profiler trace of steps [start_step, start_step + num_steps) into run_dir/profile.
 
@@ -351,6 +371,7 @@ class Config:
     fp8: Fp8Config = dataclasses.field(default_factory=Fp8Config)
     remat: RematConfig = dataclasses.field(default_factory=RematConfig)
     offload: OffloadConfig = dataclasses.field(default_factory=OffloadConfig)
+    comm: CommConfig = dataclasses.field(default_factory=CommConfig)
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
     profile: ProfileConfig = dataclasses.field(default_factory=ProfileConfig)
     monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
@@ -798,6 +819,11 @@ def validate(config: Config) -> None:
         if steps < 0:
             raise ConfigError(f"profile.{key}", f"expected >= 0, got {steps}")
     _positive("monitor.interval_s", config.monitor.interval_s)
+    block = config.comm.block_size
+    if not 16 <= block <= 65536:
+        raise ConfigError(
+            "comm.block_size", f"expected 16 <= values per scale <= 65536, got {block}"
+        )
 
     mesh = config.mesh
     sizes = {"data": mesh.data, "fsdp": mesh.fsdp, "tensor": mesh.tensor}

@@ -231,6 +231,10 @@ def compiled_report(
         "gemms": gemm_entries,
         "collectives": coll,
         "collective_bytes_per_step": sum(c["bytes"] * c["count"] for c in coll),
+        # What each device sends over its links per step (ring algorithms).
+        "collective_wire_bytes_per_step_per_device": sum(
+            c["wire_bytes"] * c["count"] for c in coll
+        ),
         "advice": advise(gemm_entries, first=list(advice)),
     }
 
@@ -311,8 +315,15 @@ def format_table(report: dict[str, Any]) -> str:
         )
     for c in report["collectives"]:
         lines.append(
-            f"  {c['kind']:<20} {c['bytes'] / 2**20:10.3f} MiB x{c['count']} "
-            f"group {c['group_size']}  {layer_of(c['op_name'])}"
+            f"  {c['kind']:<20} {c['dtype']:<5}{c['bytes'] / 2**20:10.3f} MiB x{c['count']} "
+            f"group {c['group_size']}  sends {c['wire_bytes'] / 2**20:.3f} MiB  "
+            f"{layer_of(c['op_name'])}"
+        )
+    if report["collectives"]:
+        lines.append(
+            f"  collectives/step: {report['collective_bytes_per_step'] / 2**20:.3f} MiB "
+            f"buffers, {report['collective_wire_bytes_per_step_per_device'] / 2**20:.3f} MiB "
+            f"sent per device"
         )
     lines.extend(f"  advice: {a}" for a in report["advice"])
     return "\n".join(lines)

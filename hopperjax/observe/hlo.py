@@ -80,9 +80,25 @@ class Gemm:
         return 2 * self.batch * self.m * self.n * self.k * self.count
 
 
+# Bytes each device sends per byte of the buffer, in a ring over n devices: the factors
+# nccl-tests turns algorithm bandwidth into bus bandwidth with.
+def wire_factor(kind: str, n: int) -> float:
+    """Bytes one device puts on its links per byte of the collective's buffer (ring algorithms,
+    as nccl-tests counts them: all-reduce 2 (n-1)/n; all-gather, reduce-scatter, all-to-all
+    (n-1)/n; a permute sends its whole buffer)."""
+    if n <= 1:
+        return 0.0
+    if kind == "all-reduce":
+        return 2 * (n - 1) / n
+    if kind == "collective-permute":
+        return 1.0
+    return (n - 1) / n
+
+
 @dataclasses.dataclass(frozen=True)
 class Collective:
-    """One collective; ``bytes`` = the full buffer exchanged, per execution."""
+    """One collective; ``bytes`` = the full buffer exchanged, per execution; ``dtype``: its
+    element type (``s8``, ``u16``: a compressed payload)."""
 
     name: str
     kind: str
@@ -90,6 +106,12 @@ class Collective:
     bytes: int
     group_size: int
     count: int
+    dtype: str = ""
+
+    @property
+    def wire_bytes(self) -> float:
+        """What each device sends per execution (``wire_factor`` x ``bytes``)."""
+        return wire_factor(self.kind, self.group_size) * self.bytes
 
 
 def parse_shapes(text: str) -> list[Shape]:
@@ -275,6 +297,7 @@ def _collective(
     )
     result = parse_shapes(ins.shape)
     result_bytes = sum(s.bytes for s in result)
+    dtypes = sorted({s.dtype for s in result})
     if ins.opcode.endswith("-start"):  # async: the result tuple repeats the operands
         result_bytes -= operand_bytes
     # The buffer exchanged: what all-gather produces, what the others consume.
@@ -287,6 +310,7 @@ def _collective(
         size,
         _group_size(ins.rest, num_devices),
         count,
+        ",".join(dtypes),
     )
 
 
@@ -313,4 +337,6 @@ def to_dict(item: Gemm | Collective) -> dict[str, Any]:
     out = dataclasses.asdict(item)
     if isinstance(item, Gemm):
         out["flops"] = item.flops
+    else:
+        out["wire_bytes"] = item.wire_bytes
     return out

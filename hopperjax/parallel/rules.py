@@ -26,6 +26,8 @@ LOGICAL_AXIS_RULES: Rules = (
     ("kv", None),
     ("vocab", "tensor"),
     ("layers", None),
+    # One row per device (per-device state such as gradient-compression residuals).
+    ("devices", MESH_AXES),
 )
 
 

@@ -29,11 +29,13 @@ from hopperjax.parallel import (
     Rules,
     batch_axis_size,
     build_mesh,
+    compress,
     logical_sharding,
     merge_rules,
     process_batch_shard,
     sharding_context,
 )
+from hopperjax.parallel.compress import Compression
 from hopperjax.precision import PEAK_DTYPE, Policy, policy_from_config
 from hopperjax.precision.fp8 import check_backend
 from hopperjax.trainer.state import (
@@ -58,6 +60,8 @@ class Components:
       batch_sharding: the NamedSharding of every batch field (a dict like the batch).
       batch_blocks: row blocks of a global batch; this process reads one (``datasets``).
       train_step, eval_step: the jitted (not yet compiled) steps from ``jit_steps``.
+      compression: the gradient compression over ``data`` (``comm.gradient_compression``), or
+        None.
     """
 
     config: Config
@@ -74,6 +78,7 @@ class Components:
     train_step: Any
     eval_step: Any
     workload: Workload
+    compression: Compression | None = None
 
     def batch_spec(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
         """Shape, dtype and sharding of one global batch of ``batch_size`` rows."""
@@ -117,6 +122,7 @@ class Components:
             example_inputs=self._example_inputs(),
             shardings=self.state_shardings,
             loss_scale=initial_loss_scale(self.config, self.policy),
+            compression=self.compression,
         )
         return state
 
@@ -292,6 +298,18 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         rules=rules,
     )
     _check_divisible(abstract)
+    compression = _compression(config, mesh, workload, abstract)
+    if compression is not None and compression.error_feedback:  # the residuals join the state
+        abstract, shardings = state_shardings(
+            model,
+            tx,
+            mesh,
+            seed=config.seed,
+            example_inputs=example,
+            loss_scale=loss_scale,
+            rules=rules,
+            compression=compression,
+        )
     offloaded = offload.offloaded_fields(config.offload)
     fetch = offload.make_fetch(shardings, offloaded)
     if offloaded:
@@ -309,6 +327,7 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         loss_scale=config.loss_scale if policy.loss_scaling else None,
         microbatches=t.microbatches,
         fetch=fetch,
+        compression=compression,
     )
     return Components(
         config=config,
@@ -325,6 +344,52 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         train_step=train_step,
         eval_step=eval_step,
         workload=workload,
+        compression=compression,
+    )
+
+
+def _compression(
+    config: Config, mesh: Mesh, workload: Workload, abstract: TrainState
+) -> Compression | None:
+    """The run's gradient compression, bound to its parameters' layout; None when off.
+
+    Raises:
+      ConfigError: on ``comm.gradient_compression`` where it cannot apply (one data group, row
+        tables, batches whose rows index each other, parameters sharded over ``data``).
+    """
+    comm = config.comm
+    key = "comm.gradient_compression"
+    if comm.gradient_compression == "none":
+        return None
+    if mesh.shape[compress.DATA_AXIS] == 1:
+        raise ConfigError(key, "needs mesh.data > 1: it compresses the data-axis reduction")
+    if workload.row_updates() is not None:
+        raise ConfigError(key, "row-sparse embedding updates reduce their own rows; set none")
+    if not workload.independent_rows:
+        raise ConfigError(
+            key,
+            f"workload '{config.workload}' batches rows that index into each other (they cannot "
+            f"be cut into data groups); set none",
+        )
+    leaves, _ = jax.tree_util.tree_flatten_with_path(abstract.params)
+    specs, shapes = [], []
+    for path, leaf in leaves:
+        spec = leaf.sharding.spec
+        for axes in spec:
+            axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+            if compress.DATA_AXIS in axes:
+                name = jax.tree_util.keystr(path, simple=True, separator="/")
+                raise ConfigError(key, f"parameter {name} is sharded over mesh.data; set none")
+        specs.append(spec)
+        shapes.append(tuple(leaf.shape))
+    return Compression(
+        scheme=comm.gradient_compression,
+        error_feedback=comm.error_feedback,
+        rounding=comm.rounding,
+        block_size=comm.block_size,
+        mesh=mesh,
+        param_specs=tuple(specs),
+        param_shapes=tuple(shapes),
     )
 
 

@@ -25,7 +25,15 @@ from hopperjax.config import Config, ConfigError
 # Keys whose change is refused whatever it does to the state: they define what is trained.
 RUN_DEFINING_PREFIXES = ("workload", "model.", "optim.name")
 # Keys that can change the state's structure besides those: named first when it does not fit.
-STATE_SHAPING_PREFIXES = ("precision", "loss_scale.", "fp8.", "optim.", "offload.", "remat.")
+STATE_SHAPING_PREFIXES = (
+    "precision",
+    "loss_scale.",
+    "fp8.",
+    "optim.",
+    "offload.",
+    "remat.",
+    "comm.",
+)
 # Keys that never shape the state.
 _NAMING_KEYS = ("name", "run_dir")
 _MISSING = "(absent)"

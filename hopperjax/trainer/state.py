@@ -12,6 +12,7 @@ from flax import struct
 from jax.sharding import Mesh
 
 from hopperjax.parallel import LOGICAL_AXIS_RULES, Rules
+from hopperjax.parallel.compress import Compression
 from hopperjax.precision.fp8 import FP8_COLLECTION
 from hopperjax.precision.loss_scale import LossScaleState
 
@@ -30,6 +31,8 @@ class TrainState:
       model_state: the model's other variable collections (``{collection: tree}``, e.g.
         BatchNorm statistics), updated by the train step where the workload lists them as
         ``mutable``; None when the model has none.
+      comm: gradient-compression residuals (``parallel/compress.py``: one row per device), or
+        None without compression or without error feedback.
     """
 
     step: jax.Array
@@ -39,6 +42,7 @@ class TrainState:
     fp8: Any = None
     loss_scale: LossScaleState | None = None
     model_state: Any = None
+    comm: Any = None
 
 
 def split_variables(variables: dict[str, Any]) -> tuple[Any, Any, Any]:
@@ -65,6 +69,7 @@ def _init_boxed(
     seed: int,
     example_inputs: Any,
     loss_scale: float | None,
+    compression: Compression | None = None,
 ) -> TrainState:
     """Initializes a state whose leaves still carry logical-axis metadata (``nn.Partitioned``)."""
     root = jax.random.PRNGKey(seed)
@@ -78,6 +83,7 @@ def _init_boxed(
         fp8=fp8,
         loss_scale=None if loss_scale is None else LossScaleState.create(loss_scale),
         model_state=model_state,
+        comm=None if compression is None else compression.init_state(),
     )
 
 
@@ -90,15 +96,19 @@ def state_shardings(
     example_inputs: Any,
     loss_scale: float | None = None,
     rules: Rules = LOGICAL_AXIS_RULES,
+    compression: Compression | None = None,
 ) -> tuple[Any, Any]:
     """Shapes before arrays: abstract state and its NamedShardings from the logical-axis rules.
 
     ``rules``: the run's rules table (``parallel.merge_rules`` of the workload's and ours).
+    ``compression``: the run's gradient compression, whose residuals join the state.
 
     Returns:
       (abstract state of ``jax.ShapeDtypeStruct`` with shardings attached, sharding tree).
     """
-    boxed = jax.eval_shape(lambda: _init_boxed(model, tx, seed, example_inputs, loss_scale))
+    boxed = jax.eval_shape(
+        lambda: _init_boxed(model, tx, seed, example_inputs, loss_scale, compression)
+    )
     logical_specs = nn.get_partition_spec(boxed)
     shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
     abstract = jax.tree.map(
@@ -119,6 +129,7 @@ def create_train_state(
     shardings: Any = None,
     loss_scale: float | None = None,
     rules: Rules = LOGICAL_AXIS_RULES,
+    compression: Compression | None = None,
 ) -> tuple[TrainState, Any]:
     """Creates the initial state already sharded: each device computes only its own shards.
 
@@ -128,6 +139,7 @@ def create_train_state(
       shardings: the state's sharding tree if already derived (``state_shardings``).
       loss_scale: initial loss scale when the policy scales the loss, else None.
       rules: the logical-axis rules, when ``shardings`` is not given.
+      compression: the run's gradient compression (its residuals start at zero).
 
     Returns:
       (state, sharding tree of the state).
@@ -141,9 +153,12 @@ def create_train_state(
             example_inputs=example_inputs,
             loss_scale=loss_scale,
             rules=rules,
+            compression=compression,
         )
     init = jax.jit(
-        lambda: nn.meta.unbox(_init_boxed(model, tx, seed, example_inputs, loss_scale)),
+        lambda: nn.meta.unbox(
+            _init_boxed(model, tx, seed, example_inputs, loss_scale, compression)
+        ),
         out_shardings=shardings,
     )
     return init(), shardings

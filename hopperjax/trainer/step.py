@@ -13,6 +13,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from hopperjax.config import LossScaleConfig
+from hopperjax.parallel import compress
 from hopperjax.precision import loss_scale as loss_scale_lib
 from hopperjax.trainer import rows as rows_lib
 from hopperjax.trainer.state import TrainState, model_variables
@@ -28,6 +29,8 @@ PREPROCESS_STREAM = 1
 # Eval preprocessing: one fixed key per run (eval is deterministic: the same batches, the same
 # result at every evaluation).
 EVAL_STREAM = 2
+# Stochastic rounding of compressed gradients.
+COMPRESS_STREAM = 3
 
 
 def preprocess_key(rng: jax.Array, step: jax.Array) -> jax.Array:
@@ -46,6 +49,7 @@ def train_step(
     loss_scale: LossScaleConfig | None = None,
     microbatches: int = 1,
     fetch: Fetch | None = None,
+    compression: compress.Compression | None = None,
 ) -> tuple[TrainState, Metrics]:
     """One optimizer update on one global batch.
 
@@ -59,10 +63,14 @@ def train_step(
         gradients into the one update (the same update, a K-th of the activation memory).
       fetch: ``fetch(state, field)`` copies a host-offloaded state field to the device
         (``memory/offload.py``); None when nothing is offloaded.
+      compression: reduce the gradients over ``data`` in bf16 / int8 (``parallel/compress.py``):
+        each data group computes its own gradient (its loss the mean over its rows), and the
+        groups' mean is taken by explicit collectives. None: XLA's fp32 all-reduce.
 
     Returns:
-      (new state, scalar metrics: loss, lr, grad_norm, param_norm, update_norm, and
-      loss_scale / skipped / skipped_total with loss scaling).
+      (new state, scalar metrics: loss, lr, grad_norm, param_norm, update_norm,
+      loss_scale / skipped / skipped_total with loss scaling, comm_residual_norm with error
+      feedback).
     """
     offloading = fetch is not None
     fetch = fetch or (lambda s, field: getattr(s, field))
@@ -99,7 +107,16 @@ def train_step(
     # values (Flax's overwrite-with-gradient convention), taken as is, never given to the optimizer.
     grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1, 2), has_aux=True)
     row_grads = None
-    if microbatches == 1:
+    comm_state = state.comm
+    if compression is not None:  # (build_components refuses row-sparse tables with it)
+        loss, model_state, grads, new_fp8 = _group_gradients(
+            grad_fn, params, state.fp8, state.model_state, batch, step_key, microbatches,
+            compression.ways,
+        )  # fmt: skip
+        grads, comm_state = compression.reduce(
+            grads, state.comm, jax.random.fold_in(step_key, COMPRESS_STREAM)
+        )
+    elif microbatches == 1:
         (_, (loss, model_state)), (grads, new_fp8, row_grads) = grad_fn(
             params, state.fp8, deltas, state.model_state, batch, step_key
         )
@@ -128,7 +145,7 @@ def train_step(
             finite=finite,
         )  # fmt: skip
     new_state = old.replace(
-        params=params, opt_state=opt_state, fp8=new_fp8, model_state=model_state
+        params=params, opt_state=opt_state, fp8=new_fp8, model_state=model_state, comm=comm_state
     )
     metrics = {
         "loss": loss,
@@ -136,6 +153,8 @@ def train_step(
         "grad_norm": optax.global_norm(grads),
         "update_norm": optax.global_norm(updates),
     }
+    if comm_state is not None:
+        metrics["comm_residual_norm"] = optax.global_norm(comm_state)
     if state.loss_scale is not None:
         # Non-finite gradients: keep the old params, optimizer, FP8 and model state, shrink the
         # scale. The step counter advances. (Row-sparse tables were gated in place above.)
@@ -222,6 +241,55 @@ def _accumulate(
     return loss_sum / microbatches, model_state, grads, new_fp8
 
 
+def _group_gradients(
+    grad_fn: Any,
+    params: Any,
+    fp8: Any,
+    model_state: Any,
+    batch: Batch,
+    key: jax.Array,
+    microbatches: int,
+    ways: int,
+) -> tuple[jax.Array, Any, Any, Any]:
+    """Loss, model state, FP8 meta and one gradient per ``data`` group, nothing reduced across
+    the groups: the gradients get a leading axis of ``ways``, sharded over ``data``.
+
+    A ``vmap`` over the batch cut into ``ways`` row blocks (the blocks the ``data`` axis holds),
+    with ``spmd_axis_name='data'``; inside, the model is traced with rules that leave ``data``
+    out (``batch`` -> ``fsdp`` only), so each group runs as a run on its own devices would.
+    Group g draws its dropout from ``fold_in(key, g)``. The loss returned is the groups' mean,
+    model state (BatchNorm statistics) the groups' mean, FP8 meta their max (as ``_accumulate``).
+    """
+    rules = compress.data_group_rules(nn.get_logical_axis_rules())
+    parts = jax.tree.map(lambda x: x.reshape(ways, x.shape[0] // ways, *x.shape[1:]), batch)
+
+    def group(part: Batch, index: jax.Array) -> tuple[jax.Array, Any, Any, Any]:
+        group_key = jax.random.fold_in(key, index)
+        with nn.logical_axis_rules(rules):
+            if microbatches == 1:
+                (_, (loss, state)), (grads, new_fp8, _) = grad_fn(
+                    params, fp8, None, model_state, part, group_key
+                )
+                return loss, state, grads, new_fp8
+            return _accumulate(grad_fn, params, fp8, model_state, part, group_key, microbatches)
+
+    loss, state, grads, new_fp8 = jax.vmap(group, spmd_axis_name=compress.DATA_AXIS)(
+        parts, jnp.arange(ways)
+    )
+
+    def mean(x: jax.Array) -> jax.Array:
+        return (
+            jnp.mean(x, axis=0).astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x[0]
+        )
+
+    return (
+        jnp.mean(loss),
+        jax.tree.map(mean, state),
+        grads,
+        jax.tree.map(lambda x: jnp.max(x, axis=0), new_fp8),
+    )
+
+
 def eval_step(
     state: TrainState,
     batch: Batch,
@@ -250,6 +318,7 @@ def jit_steps(
     loss_scale: LossScaleConfig | None = None,
     microbatches: int = 1,
     fetch: Fetch | None = None,
+    compression: compress.Compression | None = None,
 ) -> tuple[Any, Any]:
     """The jitted train and eval steps with explicit shardings; the train step donates its state.
 
@@ -269,6 +338,7 @@ def jit_steps(
             loss_scale=loss_scale,
             microbatches=microbatches,
             fetch=fetch,
+            compression=compression,
         ),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated),

@@ -1,0 +1,255 @@
+"""Gradient compression over the data axis: fewer bytes on the wire, the same training."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import REPO
+from jax.sharding import NamedSharding, PartitionSpec
+
+import hopperjax
+from hopperjax import inspect as inspect_lib
+from hopperjax.config import ConfigError
+from hopperjax.parallel import build_mesh
+from hopperjax.parallel.compress import Compression, data_group_rules
+from hopperjax.trainer import build_components
+
+MODEL = [
+    "model.d_model=64",
+    "model.n_layers=2",
+    "model.n_heads=8",
+    "model.max_len=32",
+    "data.seq_len=32",
+    "train.batch_size=16",
+    "train.steps=8",
+    "train.log_every=1",
+    "train.eval_every=100",
+    "train.eval_batches=1",
+    "train.checkpoint_every=100",
+    "optim.warmup_steps=2",
+]
+
+
+def config(tmp_path, *overrides):
+    return hopperjax.load_config(
+        REPO / "configs" / "quickstart.yaml", [*MODEL, f"run_dir={tmp_path}", *overrides]
+    )
+
+
+def losses(result):
+    return np.array([r["loss"] for r in result.history if "loss" in r])
+
+
+def _compression(scheme, *, ways=8, shapes=((37, 5), (300,), (2, 3, 4)), **kw):
+    mesh = build_mesh(hopperjax.config.MeshConfig(data=ways), jax.devices()[:ways])
+    return Compression(
+        scheme=scheme,
+        error_feedback=kw.get("error_feedback", True),
+        rounding=kw.get("rounding", "nearest"),
+        block_size=kw.get("block_size", 32),
+        mesh=mesh,
+        param_specs=tuple(PartitionSpec() for _ in shapes),
+        param_shapes=tuple(shapes),
+    )
+
+
+def _group_grads(comp, rng):
+    """One random gradient per data group: [ways, *shape] per leaf, sharded over data."""
+    leaves = []
+    for shape in comp.param_shapes:
+        x = rng.normal(size=(comp.ways, *shape)).astype(np.float32) * rng.uniform(0.01, 10)
+        spec = PartitionSpec("data", *([None] * len(shape)))
+        leaves.append(jax.device_put(x, NamedSharding(comp.mesh, spec)))
+    return leaves
+
+
+def _state(comp):
+    init = comp.init_state()
+    if init is None:
+        return None
+    rows = NamedSharding(comp.mesh, PartitionSpec(("data", "fsdp", "tensor"), None))
+    return {k: jax.device_put(np.asarray(v.value), rows) for k, v in init.items()}
+
+
+@pytest.mark.parametrize(
+    ("scheme", "rounding", "tolerance"),
+    [("bf16", "nearest", 2**-8), ("bf16", "stochastic", 2**-7), ("int8", "nearest", 1 / 127),
+     ("int8", "stochastic", 2 / 127)],
+)  # fmt: skip
+def test_reduce_is_the_mean_within_the_encoding_error(scheme, rounding, tolerance):
+    comp = _compression(scheme, rounding=rounding, error_feedback=False)
+    rng = np.random.default_rng(0)
+    grads = _group_grads(comp, rng)
+    out, state = jax.jit(comp.reduce)(grads, None, jax.random.key(1))
+    assert state is None
+    for g, o in zip(grads, out, strict=True):
+        mean = np.asarray(g).mean(axis=0)
+        assert o.shape == mean.shape and o.dtype == mean.dtype
+        # Two encodings (each peer's chunk, then the mean): each off by at most a step of the
+        # grid, relative to the block's (or the value's, for bf16) magnitude.
+        bound = 2 * tolerance * np.abs(np.asarray(g)).max()
+        err = np.abs(np.asarray(o) - mean).max()
+        assert 0 < err <= bound, (err, bound)
+
+
+@pytest.mark.parametrize("scheme", ["bf16", "int8"])
+def test_error_feedback_loses_nothing_over_steps(scheme):
+    """Summed over steps, the outputs equal the summed true means, less what the residuals
+    still hold: sum(out) = sum(mean g) - mean_d(sent_d) - reduced (chunk by chunk)."""
+    comp = _compression(scheme, rounding="stochastic")
+    rng = np.random.default_rng(0)
+    reduce = jax.jit(comp.reduce)
+    state = _state(comp)
+    total_out = [0.0] * len(comp.param_shapes)
+    total_mean = [0.0] * len(comp.param_shapes)
+    for step in range(5):
+        grads = _group_grads(comp, rng)
+        out, state = reduce(grads, state, jax.random.key(step))
+        for i, (g, o) in enumerate(zip(grads, out, strict=True)):
+            total_out[i] = total_out[i] + np.asarray(o, np.float64)
+            total_mean[i] = total_mean[i] + np.asarray(g, np.float64).mean(axis=0)
+    sent = np.asarray(state["sent"], np.float64)  # [devices, padded]: rows = data peers here
+    reduced = np.asarray(state["reduced"], np.float64).reshape(-1)  # chunk c on peer c
+    held = sent.mean(axis=0) + reduced
+    flat_out = np.concatenate([t.reshape(-1) for t in total_out])
+    flat_mean = np.concatenate([t.reshape(-1) for t in total_mean])
+    n = flat_out.size
+    np.testing.assert_allclose(flat_out, flat_mean - held[:n], atol=1e-4 * np.abs(flat_mean).max())
+    assert np.abs(held[:n]).max() > 0  # the residuals did hold something back
+
+
+def test_padding_and_sizes():
+    comp = _compression("int8", block_size=32)
+    assert comp.local_size == 37 * 5 + 300 + 24
+    assert comp.padded_size % (8 * 32) == 0 and comp.padded_size >= comp.local_size
+    sent, fp32 = comp.wire_bytes()
+    assert 0.24 < sent / fp32 < 0.30
+    assert _compression("bf16").padded_size % 8 == 0
+
+
+def test_data_group_rules_drop_the_data_axis():
+    rules = (("batch", ("data", "fsdp")), ("x", "data"), ("y", ("data",)), ("z", "tensor"))
+    assert data_group_rules(rules) == (
+        ("batch", "fsdp"),
+        ("x", None),
+        ("y", None),
+        ("z", "tensor"),
+    )
+
+
+def _collectives(cfg):
+    report = inspect_lib.inspect_config(cfg)
+    return report, {(c["kind"], c["dtype"]) for c in report["collectives"]}
+
+
+@pytest.mark.parametrize(("scheme", "dtype", "ratio"), [("int8", "s8", 0.26), ("bf16", "u16", 0.5)])
+def test_compressed_step_moves_fewer_bytes(scheme, dtype, ratio, tmp_path):
+    plain, kinds = _collectives(config(tmp_path, "mesh.data=8"))
+    assert ("all-reduce", "f32") in kinds and not any(k == "all-to-all" for k, _ in kinds)
+    packed, kinds = _collectives(
+        config(tmp_path, "mesh.data=8", f"comm.gradient_compression={scheme}")
+    )
+    assert {("all-to-all", dtype), ("all-gather", dtype)} <= kinds
+    # Only scalars (loss, norms) are still reduced in fp32.
+    assert all(c["bytes"] <= 64 for c in packed["collectives"] if c["kind"] == "all-reduce")
+    key = "collective_wire_bytes_per_step_per_device"
+    assert packed[key] <= ratio * plain[key]
+
+
+@pytest.fixture(scope="module")
+def plain_losses(tmp_path_factory):
+    return losses(hopperjax.train(config(tmp_path_factory.mktemp("plain")), console=False))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["mesh.data=8", "comm.gradient_compression=int8"],
+        ["mesh.data=8", "comm.gradient_compression=int8", "comm.rounding=stochastic"],
+        ["mesh.data=8", "comm.gradient_compression=bf16", "comm.error_feedback=false"],
+        ["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2", "comm.gradient_compression=int8"],
+        ["mesh.data=8", "comm.gradient_compression=int8", "train.microbatches=2"],
+    ],
+    ids=["int8", "int8-stochastic", "bf16-no-feedback", "dp2-fsdp2-tp2", "microbatches"],
+)
+def test_compressed_training_follows_the_plain_run(overrides, plain_losses, tmp_path):
+    result = hopperjax.train(config(tmp_path, *overrides), console=False)
+    got = losses(result)
+    # 8 steps from the same start: the first loss is the same forward pass, the rest follow
+    # the uncompressed run closely.
+    np.testing.assert_allclose(got[0], plain_losses[0], rtol=1e-5)
+    np.testing.assert_allclose(got, plain_losses, rtol=2e-2)
+    assert not np.array_equal(got, plain_losses)  # the compression did act
+    history = [r for r in result.history if "loss" in r]
+    if "comm.error_feedback=false" not in overrides:
+        assert all(r["comm_residual_norm"] > 0 for r in history[1:])
+    else:
+        assert "comm_residual_norm" not in history[-1]
+
+
+def test_compression_off_is_todays_step(tmp_path):
+    """The keys that only matter with compression change nothing without it: same losses, bit
+    for bit, and no residuals in the state."""
+    base = losses(hopperjax.train(config(tmp_path / "a", "mesh.data=8"), console=False))
+    other = config(
+        tmp_path / "b", "mesh.data=8", "comm.error_feedback=false", "comm.rounding=stochastic"
+    )
+    assert np.array_equal(base, losses(hopperjax.train(other, console=False)))
+    assert build_components(other).init_state().comm is None
+
+
+def test_residuals_resume_exactly(tmp_path):
+    keys = ["mesh.data=8", "comm.gradient_compression=int8", "comm.rounding=stochastic"]
+    straight = hopperjax.train(config(tmp_path / "straight", *keys), console=False)
+    cut = config(tmp_path / "cut", *keys, "train.checkpoint_every=4", "train.stop_after=4")
+    hopperjax.train(cut, console=False)
+    resumed = hopperjax.train(config(tmp_path / "cut", *keys), console=False)
+    np.testing.assert_array_equal(losses(resumed)[-4:], losses(straight)[-4:])
+    a, b = straight.state.comm, resumed.state.comm
+    for name in ("sent", "reduced"):
+        assert np.abs(np.asarray(a[name])).max() > 0
+        np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["mesh.data=1", "comm.gradient_compression=int8"], "needs mesh.data > 1"),
+        (["comm.block_size=8"], "expected 16 <= values per scale <= 65536"),
+        (["comm.gradient_compression=int4"], "int4"),
+    ],
+)
+def test_bad_compression_keys_name_the_key(overrides, message, tmp_path):
+    with pytest.raises(ConfigError, match=message) as info:
+        build_components(config(tmp_path, *overrides), devices=jax.devices()[:1])
+    assert info.value.key.startswith("comm.")
+
+
+def test_rows_that_index_each_other_are_refused(tmp_path):
+    cfg = hopperjax.load_config(
+        REPO / "configs" / "dta_davis.yaml",
+        [
+            "data.source=synthetic",
+            "data.path=null",
+            "mesh.data=8",
+            "comm.gradient_compression=int8",
+            f"run_dir={tmp_path}",
+        ],
+    )
+    with pytest.raises(ConfigError, match="index into each other") as info:
+        build_components(cfg)
+    assert info.value.key == "comm.gradient_compression"
+
+
+def test_encodings_survive_as_integers():
+    """The payload is bits, not a float a compiler pass could widen: every non-finite input
+    comes back non-finite (loss scaling then skips the step)."""
+    comp = _compression("int8", error_feedback=False)
+    rng = np.random.default_rng(0)
+    grads = _group_grads(comp, rng)
+    bad = np.asarray(grads[1]).copy()
+    bad[3, 7] = np.inf
+    grads[1] = jax.device_put(bad, grads[1].sharding)
+    out, _ = jax.jit(comp.reduce)(grads, None, jax.random.key(0))
+    assert not np.isfinite(np.asarray(out[1])).all()
+    assert jnp.isfinite(out[0]).all()
