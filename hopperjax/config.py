@@ -640,7 +640,10 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         return _coerce(key, value, inner)
     if origin is Literal:
         choices = typing.get_args(hint)
-        if value not in choices:
+        # YAML 1.1 reads a bare off / on as a boolean; where the choice is spelled so, mean it.
+        if isinstance(value, bool) and ("on" if value else "off") in choices:
+            value = "on" if value else "off"
+        if isinstance(value, bool) or value not in choices:
             raise ConfigError(
                 key, f"expected one of {', '.join(map(str, choices))}, got {shown(value)}"
             )

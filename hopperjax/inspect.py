@@ -24,6 +24,7 @@ import jax
 from hopperjax.config import Config, ConfigError, load_config
 from hopperjax.memory import budget, offload
 from hopperjax.observe import hlo as hlo_lib
+from hopperjax.parallel import overlap
 from hopperjax.trainer import build_components
 
 WeightSizes = dict[str, set[int]]
@@ -337,7 +338,14 @@ def main(argv: list[str] | None = None, *, out: Callable[[str], None] = print) -
     parser.add_argument("--format", choices=("json", "table"), default="json")
     args = parser.parse_intermixed_args(argv)
     try:
-        report = inspect_config(load_config(args.config, args.overrides), hlo_path=args.hlo)
+        config = load_config(args.config, args.overrides)
+        try:  # the compiled schedule depends on the overlap flags, as in training
+            line = overlap.apply(config.comm.overlap)
+        except RuntimeError:  # called in a process whose JAX is already running
+            line = f"hopperjax: comm.overlap={config.comm.overlap} not applied: JAX already started"
+        if line:
+            print(line, file=sys.stderr)
+        report = inspect_config(config, hlo_path=args.hlo)
     except ConfigError as e:
         print(f"hopperjax: config error: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ from hopperjax.checkpoint import CheckpointError
 from hopperjax.config import ConfigError, load_config
 from hopperjax.data.errors import DataError
 from hopperjax.observe.metrics import MetricsFileError
+from hopperjax.parallel import overlap
 
 
 def _not_orbax_errors(record: logging.LogRecord) -> bool:
@@ -58,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
             coordinator=str(dist.coordinator_address or "auto"),
             heartbeat_timeout_s=dist.heartbeat_timeout_s,
         )
+    # Before anything starts a backend: XLA reads its flags once (parallel/overlap.py).
+    line = overlap.apply(config.comm.overlap)
+    if line:
+        print(line, flush=True)
     # orbax logs a failed background save as several tracebacks, and its writer threads may then
     # call into a closed event loop; the loop reports the failure as one line.
     logging.getLogger("absl").addFilter(_not_orbax_errors)

@@ -1,5 +1,9 @@
 """Gradient compression over the data axis: fewer bytes on the wire, the same training."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import hopperjax
 from hopperjax import inspect as inspect_lib
 from hopperjax.config import ConfigError
-from hopperjax.parallel import build_mesh
+from hopperjax.parallel import build_mesh, overlap
 from hopperjax.parallel.compress import Compression, data_group_rules
 from hopperjax.trainer import build_components
 
@@ -28,6 +32,9 @@ MODEL = [
     "train.checkpoint_every=100",
     "optim.warmup_steps=2",
 ]
+
+
+QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
 
 
 def config(tmp_path, *overrides):
@@ -253,3 +260,61 @@ def test_encodings_survive_as_integers():
     out, _ = jax.jit(comp.reduce)(grads, None, jax.random.key(0))
     assert not np.isfinite(np.asarray(out[1])).all()
     assert jnp.isfinite(out[0]).all()
+
+
+# comm.overlap ------------------------------------------------------------------------------------
+
+
+def test_overlap_default_sets_nothing():
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    assert overlap.apply("default", env) is None
+    assert env == {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+
+
+def test_overlap_aggressive_sets_flags_and_keeps_the_users():
+    env = {"XLA_FLAGS": "--xla_gpu_enable_pipelined_all_gather=false --xla_dump_to=/tmp/x"}
+    line = overlap.apply("aggressive", env)
+    flags = env["XLA_FLAGS"].split()
+    assert "--xla_gpu_enable_latency_hiding_scheduler=true" in flags
+    # The user's setting stays, and comes last (XLA takes the last one).
+    assert "--xla_gpu_enable_pipelined_all_gather=true" not in flags
+    assert flags[-2:] == ["--xla_gpu_enable_pipelined_all_gather=false", "--xla_dump_to=/tmp/x"]
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert line.startswith("hopperjax: comm.overlap=aggressive: XLA_FLAGS += ")
+    assert "1 already set by you, kept" in line
+    before = dict(env)
+    overlap.apply("aggressive", env)  # idempotent
+    assert env == before
+    with pytest.raises(ValueError, match=r"comm\.overlap"):
+        overlap.apply("max", {})
+
+
+def test_overlap_refuses_a_started_backend(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+    jax.devices()  # this process's backend runs
+    with pytest.raises(RuntimeError, match="before JAX starts"):
+        overlap.apply("off")
+
+
+def test_overlap_flags_are_known_to_this_xla(tmp_path):
+    """Every flag parses (XLA aborts the process on an unknown one). The CLI sets them before
+    JAX starts: its first console line says what it set, and the run's config records the mode.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    code = "import jax; from hopperjax.parallel import overlap; "
+    code += "overlap.apply('aggressive'); print(jax.devices()[0].platform)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["cpu"]
+    keys = ["train.steps=1", "train.eval_every=1", "train.eval_batches=1", "comm.overlap=off"]
+    command = [sys.executable, "-m", "hopperjax.train", "--config", QUICKSTART, *keys]
+    done = subprocess.run(
+        [*command, f"run_dir={tmp_path}"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("hopperjax: comm.overlap=off: XLA_FLAGS += ")
+    assert "--xla_gpu_enable_latency_hiding_scheduler=false" in first
+    assert "overlap: 'off'" in (tmp_path / "config.yaml").read_text()
