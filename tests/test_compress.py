@@ -125,6 +125,26 @@ def test_error_feedback_loses_nothing_over_steps(scheme):
     assert np.abs(held[:n]).max() > 0  # the residuals did hold something back
 
 
+@pytest.mark.parametrize("feedback", [True, False])
+def test_without_error_feedback_small_gradients_drift(feedback):
+    """A gradient 500x smaller than its block's largest rounds to zero every step without error
+    feedback (its parameter never moves: the drift); with it, the residual builds up until it
+    crosses a grid step, so over steps the sum comes through."""
+    comp = _compression("int8", shapes=((32,),), error_feedback=feedback)
+    grad = np.full((comp.ways, 32), 0.002, np.float32)
+    grad[:, 0] = 1.0
+    grads = [jax.device_put(grad, NamedSharding(comp.mesh, PartitionSpec("data", None)))]
+    reduce, state, total = jax.jit(comp.reduce), _state(comp), 0.0
+    for step in range(50):
+        (out,), state = reduce(grads, state, jax.random.key(step))
+        total = total + np.asarray(out)
+    assert total[0] == pytest.approx(50.0, rel=1e-3)
+    if feedback:
+        np.testing.assert_allclose(total[1:], 0.1, atol=2 / 127)  # within two grid steps
+    else:
+        np.testing.assert_array_equal(total[1:], 0.0)
+
+
 def test_padding_and_sizes():
     comp = _compression("int8", block_size=32)
     assert comp.local_size == 37 * 5 + 300 + 24
