@@ -299,6 +299,12 @@ def main(argv: list[str] | None = None) -> int:
     csv_path = args.out_dir / "collective_bench.csv"
     write_csv(rows, csv_path)
     print(json.dumps([dataclasses.asdict(r) for r in rows]) if args.json else format_table(rows))
+    for op in dict.fromkeys(r.op for r in rows):
+        best = max((r for r in rows if r.op == op), key=lambda r: r.busbw_gbps)
+        print(
+            f"best {op}: busbw {best.busbw_gbps:.2f} GB/s at {_fmt(best.size_bytes)}",
+            file=sys.stderr,
+        )
     print(f"{rows[0].device_kind}: wrote {csv_path}", file=sys.stderr)
     png = csv_path.with_suffix(".png")
     if write_plot(rows, png):

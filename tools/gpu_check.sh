@@ -211,6 +211,11 @@ for _ in range(20):
     out = np.asarray(model(batch))
 print(f"exported w8a8 GPT, batch 8: {1e3 * (time.perf_counter() - start) / 20:.2f} ms/call", out.shape)
 PY' "$PY" "$EXPORT_PLATFORM"
+# Data movement on one GPU (issue 22): HBM copy against the H200's 4.8 TB/s, host<->device from
+# pinned memory against PCIe 5 x16's ~64 GB/s per direction (tools/collective_bench.py).
+COPY_SIZES=(--max-size 1GiB --repeats 5)
+[[ -n "${SMOKE:-}" ]] && COPY_SIZES=(--max-size 1MiB --repeats 2)
+check copy_bw 30 "$PY" tools/collective_bench.py --devices 1 "${COPY_SIZES[@]}" --out-dir "$LOGS"
 # Translation (issue 19): the Multi30k recipe in bf16, cut to 1,000 steps, then beam-search BLEU
 # and chrF on test_2016_flickr (experiments/translation_benchmark.py). Needs .data/multi30k.
 MT_SHORT=(train.steps=1000 train.eval_every=500)
