@@ -444,8 +444,11 @@ class Checkpointer:
                 ),
             )
 
-    def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
+    def restore(self, step: int, abstract_state: Any, *, partial: bool = False) -> tuple[Any, Any]:
         """Restores ``step`` straight into the shardings carried by ``abstract_state``.
+
+        ``partial``: ``abstract_state`` may leave out arrays the checkpoint holds (a field set to
+        None); those are not read.
 
         Returns:
           (train state, data iterator state)
@@ -459,7 +462,9 @@ class Checkpointer:
             step,
             args=ocp.args.Composite(
                 state=ocp.args.PyTreeRestore(
-                    item=abstract_state, restore_args=_restore_args(abstract_state)
+                    item=abstract_state,
+                    restore_args=_restore_args(abstract_state),
+                    partial_restore=partial,
                 ),
                 data=IteratorStateRestore(),
             ),

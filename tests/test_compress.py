@@ -238,6 +238,25 @@ def test_residuals_resume_exactly(tmp_path):
         np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]))
 
 
+def test_a_new_mesh_or_switching_compression_restarts_the_residuals(tmp_path):
+    """The residuals follow the mesh: on another mesh (or with compression switched on or off) a
+    resume restores everything else and starts them at zero, rather than refusing the run."""
+    run = tmp_path / "run"
+    keys = ["comm.gradient_compression=int8", "train.checkpoint_every=2"]
+    saved = hopperjax.train(config(run, *keys, "mesh.data=8", "train.stop_after=2"), console=False)
+    moved = hopperjax.train(
+        config(run, *keys, "mesh.data=4", "mesh.tensor=2", "train.stop_after=4"), console=False
+    )
+    assert moved.state.comm["sent"].shape[1] != saved.state.comm["sent"].shape[1]
+    assert np.abs(np.asarray(moved.state.comm["sent"])).max() > 0  # two steps' residuals
+    off = hopperjax.train(config(run, "train.checkpoint_every=2", "mesh.data=4", "mesh.tensor=2",
+                                 "train.stop_after=6"), console=False)  # fmt: skip
+    assert off.state.comm is None
+    assert [r["step"] for r in off.history if "loss" in r] == [4, 5]
+    on_again = config(run, *keys, "mesh.data=8")
+    assert hopperjax.train(on_again, console=False).state.comm is not None
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

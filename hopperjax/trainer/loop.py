@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from hopperjax import config as config_lib
@@ -233,7 +234,7 @@ def _train(
     with _closing(checkpointer), preemption:
         start = checkpointer.resume_step(info=warn) or 0
         # Every process checks (each would otherwise wait for the others in a collective).
-        check_resumable(config, run_dir, parts.abstract_state, checkpointer, start)
+        restart = check_resumable(config, run_dir, parts.abstract_state, checkpointer, start)
         end = t.stop_after or t.steps
         if start and start >= end:
             return _finished(config, run_dir, parts, checkpointer, start, console and primary)
@@ -250,7 +251,14 @@ def _train(
         _check_fits(train_step, parts.mesh.devices.flat[0])  # before anything is allocated
         train_iterator = make_iterator(parts.datasets.train, config.data)
         if start:
-            state, data_state = checkpointer.restore(start, parts.abstract_state)
+            state, data_state = _restore(checkpointer, start, parts, restart)
+            if restart and console and primary:
+                kept = parts.abstract_state.comm is not None
+                print(
+                    f"hopperjax: gradient-compression residuals "
+                    f"{'restart at zero' if kept else 'of the checkpoint dropped'}: their layout "
+                    f"(step {start}) does not fit this mesh or comm.* setting"
+                )
             # One batch per step: a position past that was edited, and would skip data.
             problem = position_problem(data_state, batches_consumed=start)
             if problem is not None:
@@ -312,6 +320,25 @@ def _train(
     return TrainResult(
         state=state, run_dir=run_dir, history=history, compile_s=compile_s, data_s=build_s
     )
+
+
+def _restore(
+    checkpointer: Checkpointer, step: int, parts: Components, restart: tuple[str, ...]
+) -> tuple[TrainState, Any]:
+    """The checkpoint of ``step`` on ``parts``' shardings; the ``restart`` fields (see
+    ``check_resumable``) are not read but created as zeros of their new layout."""
+    if not restart:
+        return checkpointer.restore(step, parts.abstract_state)
+    abstract = parts.abstract_state.replace(**dict.fromkeys(restart))
+    state, data_state = checkpointer.restore(step, abstract, partial=True)
+    fresh = {
+        field: jax.tree.map(
+            lambda x: jnp.zeros(x.shape, x.dtype, device=x.sharding),
+            getattr(parts.abstract_state, field),
+        )
+        for field in restart
+    }
+    return state.replace(**fresh), data_state
 
 
 def _check_fits(train_step: Any, device: jax.Device) -> None:

@@ -87,13 +87,28 @@ def first_difference(
     return None
 
 
+# State fields a resume may start afresh when their layout changed: gradient-compression
+# residuals follow the mesh and the parameters' shards (parallel/compress.py).
+RESTARTABLE_FIELDS = ("comm",)
+
+
+def _restartable(name: str) -> bool:
+    return name.split(".", 1)[0] in RESTARTABLE_FIELDS
+
+
 def check_resumable(
     config: Config, run_dir: Path, abstract_state: Any, checkpointer: Checkpointer, step: int
-) -> None:
+) -> tuple[str, ...]:
     """Raises ConfigError (naming the key) if ``config`` cannot resume ``run_dir``'s checkpoint
-    of ``step``; does nothing for step 0 (a fresh start)."""
+    of ``step``; does nothing for step 0 (a fresh start).
+
+    Returns:
+      the ``RESTARTABLE_FIELDS`` whose arrays do not fit the checkpoint's (another mesh, or
+      compression switched on or off): the resume restores everything else and starts those
+      afresh.
+    """
     if not step:
-        return
+        return ()
     saved_config = run_dir / "config.yaml"
     now = flatten(config_lib.to_dict(config))
     changed: dict[str, tuple[Any, Any]] = {}
@@ -110,9 +125,21 @@ def check_resumable(
                 f"changed from {old!r} to {new!r}, but {run_dir} holds checkpoints of the old "
                 f"value; use a new run_dir",
             )
-    difference = first_difference(checkpointer.state_leaves(step), state_leaves(abstract_state))
+    saved, built = checkpointer.state_leaves(step), state_leaves(abstract_state)
+    restart = tuple(
+        field
+        for field in RESTARTABLE_FIELDS
+        if first_difference(
+            {k: v for k, v in saved.items() if k.split(".", 1)[0] == field},
+            {k: v for k, v in built.items() if k.split(".", 1)[0] == field},
+        )
+    )
+    difference = first_difference(
+        {k: v for k, v in saved.items() if not _restartable(k)},
+        {k: v for k, v in built.items() if not _restartable(k)},
+    )
     if difference is None:
-        return
+        return restart
     suspects = sorted(
         (k for k in changed if k not in _NAMING_KEYS),
         key=lambda k: not k.startswith(STATE_SHAPING_PREFIXES),
