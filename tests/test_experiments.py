@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
 
@@ -202,3 +204,20 @@ def test_quantize_compare_tables_each_scheme_against_the_float_model(tmp_path):
     table = (out / "table.md").read_text()
     assert "| w8a8_static |" in table and "perplexity" in table
     assert benchmark.main([*argv[:2], "--schemes", "int4", "--out", str(out)]) == 2
+
+
+def test_compression_compare_tables_each_variant(tmp_path, capsys):
+    compare = load_script("compression_compare")
+    out = tmp_path / "cc"
+    tiny = ["mesh.data=8", "train.steps=4", "train.eval_every=2", "train.eval_batches=1"]
+    tiny += ["train.log_every=1", "model.n_layers=1", "model.d_model=32", "model.n_heads=2"]
+    config = str(Path(__file__).parent.parent / "configs" / "quickstart.yaml")
+    assert compare.main(["--config", config, *tiny, "--variants", "none,int8-noef", "--out",
+                         str(out)]) == 0  # fmt: skip
+    rows = (out / "table.md").read_text().splitlines()[2:]
+    assert [r.split("|")[1].strip() for r in rows] == ["none", "int8-noef"]
+    assert "all-to-all s8" in rows[1] and "all-reduce f32" in rows[0]
+    ratio = float(rows[1].split("|")[5])
+    assert 0.15 < ratio < 0.3
+    with pytest.raises(SystemExit, match="unknown variant"):
+        compare.main(["--config", config, "--variants", "int4"])
