@@ -22,6 +22,18 @@ def test_model_from_compiled_steps(capsys):
     # the tied embedding's two gradients are reduced before they are added).
     assert nv["sent_mib"] == pytest.approx(2 * 7 / 8 * 820_352 * 4 / 2**20, rel=0.05)
     assert nv["comm_ms"] == pytest.approx(nv["sent_mib"] * 2**20 / 450e9 * 1e3)
+    # Overlap: forward (1/3 of the compute) + max(backward, communication).
+    assert nv["step_ms_overlap"] == pytest.approx(
+        nv["compute_ms"] / 3 + max(2 * nv["compute_ms"] / 3, nv["comm_ms"])
+    )
+    pcie = rows["pcie5", "none"]  # 18x slower links: communication no longer hides
+    assert (
+        pcie["step_ms_overlap"] == pytest.approx(pcie["compute_ms"] / 3 + pcie["comm_ms"])
+        and pcie["comm_ms"] > 2 * pcie["compute_ms"] / 3
+    )
+    # int8 over all-to-all across nodes: its all-to-all is 8x slower per byte than the rings.
+    a2a = rows["ib400", "int8"]
+    assert a2a["comm_ms"] > 0.5 * a2a["sent_mib"] * 2**20 / (50e9 * 63 / 56) * 1e3
     assert rows["nvlink4", "int8"]["sent_mib"] < 0.26 * nv["sent_mib"]
     # 64 devices over InfiniBand: the ring factor grows from 1.75 to 1.97.
     ib = rows["ib400", "none"]

@@ -118,11 +118,15 @@ def test_error_feedback_loses_nothing_over_steps(scheme):
     sent = np.asarray(state["sent"], np.float64)  # [devices, padded]: rows = data peers here
     reduced = np.asarray(state["reduced"], np.float64).reshape(-1)  # chunk c on peer c
     held = sent.mean(axis=0) + reduced
+    # Each parameter sits in its own slot of the flat vector (whole blocks).
+    offsets = np.cumsum([0, *comp.slots()])
     flat_out = np.concatenate([t.reshape(-1) for t in total_out])
     flat_mean = np.concatenate([t.reshape(-1) for t in total_mean])
-    n = flat_out.size
-    np.testing.assert_allclose(flat_out, flat_mean - held[:n], atol=1e-4 * np.abs(flat_mean).max())
-    assert np.abs(held[:n]).max() > 0  # the residuals did hold something back
+    flat_held = np.concatenate(
+        [held[o : o + t.size] for o, t in zip(offsets, total_out, strict=False)]
+    )
+    np.testing.assert_allclose(flat_out, flat_mean - flat_held, atol=1e-4 * np.abs(flat_mean).max())
+    assert np.abs(flat_held).max() > 0  # the residuals did hold something back
 
 
 @pytest.mark.parametrize("feedback", [True, False])
@@ -149,7 +153,8 @@ def test_padding_and_sizes():
     comp = _compression("int8", block_size=32)
     assert comp.local_size == 37 * 5 + 300 + 24
     assert comp.padded_size % (8 * 32) == 0 and comp.padded_size >= comp.local_size
-    sent, fp32 = comp.wire_bytes()
+    assert comp.slots() == [192, 320, 32]  # whole blocks of 32 per parameter
+    sent, fp32 = _compression("int8", shapes=((1000, 64), (300,))).wire_bytes()
     assert 0.24 < sent / fp32 < 0.30
     assert _compression("bf16").padded_size % 8 == 0
 
@@ -183,6 +188,19 @@ def test_compressed_step_moves_fewer_bytes(scheme, dtype, ratio, tmp_path):
     assert packed[key] <= ratio * plain[key]
 
 
+def assert_replicas_agree(tree):
+    """Every device holding the same slice of an array holds the same values (a replicated
+    parameter's copies have not drifted apart)."""
+    for leaf in jax.tree.leaves(tree):
+        seen = {}
+        for shard in leaf.addressable_shards:
+            index = tuple((s.start, s.stop) for s in shard.index)
+            if index in seen:
+                np.testing.assert_array_equal(np.asarray(shard.data), seen[index])
+            else:
+                seen[index] = np.asarray(shard.data)
+
+
 @pytest.fixture(scope="module")
 def plain_losses(tmp_path_factory):
     return losses(hopperjax.train(config(tmp_path_factory.mktemp("plain")), console=False))
@@ -201,6 +219,7 @@ def plain_losses(tmp_path_factory):
 )
 def test_compressed_training_follows_the_plain_run(overrides, plain_losses, tmp_path):
     result = hopperjax.train(config(tmp_path, *overrides), console=False)
+    assert_replicas_agree(result.state.params)
     got = losses(result)
     # 8 steps from the same start: the first loss is the same forward pass, the rest follow
     # the uncompressed run closely.
@@ -271,20 +290,55 @@ def test_bad_compression_keys_name_the_key(overrides, message, tmp_path):
     assert info.value.key.startswith("comm.")
 
 
-def test_rows_that_index_each_other_are_refused(tmp_path):
+@pytest.mark.parametrize(
+    ("recipe", "message"),
+    [("dta_davis.yaml", "index into each other"), ("multi30k_t5.yaml", "weighs rows unequally")],
+)
+def test_workloads_it_cannot_serve_are_refused(recipe, message, tmp_path):
+    from hopperjax import workloads
+
+    name = hopperjax.load_config(REPO / "configs" / recipe, validate_values=False).workload
     cfg = hopperjax.load_config(
-        REPO / "configs" / "dta_davis.yaml",
-        [
-            "data.source=synthetic",
-            "data.path=null",
-            "mesh.data=8",
-            "comm.gradient_compression=int8",
-            f"run_dir={tmp_path}",
-        ],
-    )
-    with pytest.raises(ConfigError, match="index into each other") as info:
+        REPO / "configs" / recipe,
+        [*workloads.get(name).smoke_overrides, "mesh.data=8", "comm.gradient_compression=int8",
+         f"run_dir={tmp_path}"],
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=message) as info:
         build_components(cfg)
     assert info.value.key == "comm.gradient_compression"
+
+
+def test_a_mesh_change_restarts_residuals_even_when_their_shapes_agree(tmp_path):
+    """Two meshes can give residuals of one shape; a change of mesh.* or comm.* restarts them
+    all the same (their values belong to other parameter slices)."""
+    from hopperjax import config as config_lib
+    from hopperjax.trainer import resume
+
+    cfg = config(tmp_path, "mesh.data=8", "comm.gradient_compression=int8")
+    abstract = build_components(cfg).abstract_state
+    leaves = resume.state_leaves(abstract)
+
+    class SameShapes:
+        def state_leaves(self, step):
+            return leaves
+
+    tmp_path.mkdir(exist_ok=True)
+    saved = config(tmp_path, "mesh.data=4", "mesh.tensor=2", "comm.gradient_compression=int8")
+    (tmp_path / "config.yaml").write_text(config_lib.dump_yaml(saved))
+    assert resume.check_resumable(cfg, tmp_path, abstract, SameShapes(), 4) == ("comm",)
+    (tmp_path / "config.yaml").write_text(config_lib.dump_yaml(cfg))
+    assert resume.check_resumable(cfg, tmp_path, abstract, SameShapes(), 4) == ()
+    # Without compression anywhere a mesh change restarts nothing.
+    plain = config(tmp_path, "mesh.data=8")
+    plain_leaves = resume.state_leaves(build_components(plain).abstract_state)
+
+    class Plain:
+        def state_leaves(self, step):
+            return plain_leaves
+
+    moved = config(tmp_path, "mesh.data=4", "mesh.tensor=2")
+    (tmp_path / "config.yaml").write_text(config_lib.dump_yaml(moved))
+    assert resume.check_resumable(plain, tmp_path, abstract.replace(comm=None), Plain(), 4) == ()
 
 
 def test_encodings_survive_as_integers():

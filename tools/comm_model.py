@@ -6,10 +6,10 @@
 
 For each ``comm.gradient_compression`` scheme the train step is compiled (nothing runs) and
 ``hopperjax.inspect`` lists its collectives. What each device sends per step is their buffers
-times nccl-tests' ring factors; over a link of bus bandwidth B that takes ``sent / B``. A link
-row with ``devices`` other than the compiled mesh's (``ib400``: 8 nodes x 8 GPUs = 64-way data
-parallelism) rescales each collective of the full group to that many devices (the buffers stay:
-data parallelism replicates the model; the factors grow towards 2 and 1).
+times nccl-tests' ring factors; each collective takes ``sent / busbw`` of its kind on the link. A
+link with ``devices`` other than the compiled mesh's (the 8-node ones: 64-way data parallelism)
+rescales each collective of the full group to that many devices (the buffers stay: data
+parallelism replicates the model; the factors grow towards 2 and 1).
 
 Compute time is the step's FLOPs per device at ``--mfu`` of the link's GPU's dense bf16 peak (an
 assumption, stated in the output). Step time is then bounded two ways:
@@ -20,10 +20,12 @@ assumption, stated in the output). Step time is then bounded two ways:
   The compressed reduction runs once, after the whole backward pass (it encodes every gradient
   at once), so nothing hides it: compute + communication either way.
 
-Links (per GPU, one direction, the ideal that nccl-tests' busbw approaches):
-nvlink4 = H100 SXM NVLink 4, 900 GB/s bidirectional = 450 GB/s, H100 989 TFLOP/s bf16 dense;
-nvlink5 = B200 NVLink 5, 1.8 TB/s bidirectional = 900 GB/s, B200 2,250 TFLOP/s;
-ib400 = 8 nodes of H100 over 400 Gb/s InfiniBand NDR, one NIC per GPU = 50 GB/s, 64 devices.
+Links (``LINKS``; busbw per GPU, one direction, the ideal nccl-tests' busbw approaches): NVLink 4
+(8 H100 SXM, 450 GB/s), NVLink 5 (8 B200, 900 GB/s), PCIe 5 (8 H100 PCIe without NVLink,
+~25 GB/s through the host's switches), and two 8-node clusters of H100s: a 400 Gb/s NIC per GPU
+(rail-optimized: ring collectives at the node's 8 x 50 GB/s, all-to-all at one NIC's 50 GB/s
+for the (n - 8)/n of its bytes that leave the node) and one 100 GbE NIC per node (12.5 GB/s
+shared by 8 GPUs).
 """
 
 from __future__ import annotations
@@ -42,39 +44,53 @@ from hopperjax.observe.hlo import wire_factor
 @dataclasses.dataclass(frozen=True)
 class Link:
     name: str
-    busbw_gbps: float  # GB/s per GPU, one direction
+    ring_gbps: float  # busbw of ring collectives (all-reduce, all-gather, reduce-scatter)
+    all_to_all_gbps: float  # busbw of all-to-all (every GPU to every GPU: no ring to follow)
     peak_tflops: float  # the GPU's dense bf16 peak
     devices: int | None  # data-parallel ways it implies (None: the compiled mesh's)
     about: str
 
+    def busbw(self, kind: str) -> float:
+        return self.all_to_all_gbps if kind == "all-to-all" else self.ring_gbps
 
+
+# Per GPU, one direction. Across nodes NCCL runs one ring per NIC (rail-optimized), so a ring
+# collective's busbw is the node's NIC total shared by its GPUs; an all-to-all sends (n - g)/n of
+# its bytes to other nodes through the GPU's own NIC: busbw = NIC x (n - 1)/(n - g), g GPUs a node.
 LINKS = {
-    "nvlink4": Link("nvlink4", 450.0, 989.0, None, "H100 SXM, NVLink 4 (900 GB/s bidirectional)"),
-    "nvlink5": Link("nvlink5", 900.0, 2250.0, None, "B200, NVLink 5 (1.8 TB/s bidirectional)"),
-    "ib400": Link("ib400", 50.0, 989.0, 64, "8 nodes x 8 H100, 400 Gb/s InfiniBand per GPU"),
+    "nvlink4": Link("nvlink4", 450.0, 450.0, 989.0, None, "8 H100 SXM, NVLink 4 / NVSwitch"),
+    "nvlink5": Link("nvlink5", 900.0, 900.0, 2250.0, None, "8 B200, NVLink 5 / NVSwitch"),
+    "pcie5": Link("pcie5", 25.0, 25.0, 756.0, None, "8 H100 PCIe, no NVLink bridge"),
+    "ib400": Link(
+        "ib400", 400.0, 50.0 * 63 / 56, 989.0, 64, "8 nodes x 8 H100, a 400 Gb/s NIC per GPU"
+    ),
+    "eth100": Link(
+        "eth100", 12.5, 12.5 / 8 * 63 / 56, 989.0, 64, "8 nodes x 8 H100, one 100 GbE NIC a node"
+    ),
 }
 BACKWARD_SHARE = 2 / 3  # of a step's FLOPs: two GEMMs of three per weight
 
 
-def sent_bytes(report: dict, devices: int | None) -> float:
-    """Bytes each device sends per step; collectives over the whole mesh rescaled to ``devices``
-    ways when given."""
+def comm_seconds(report: dict, link: Link) -> tuple[float, float]:
+    """(bytes each device sends per step, seconds they take on ``link``); collectives over the
+    whole mesh rescaled to ``link.devices`` ways when it sets them."""
     mesh_size = report["devices"]
-    total = 0.0
+    sent = seconds = 0.0
     for c in report["collectives"]:
         n = c["group_size"]
-        if devices is not None and n == mesh_size:
-            n = devices
-        total += wire_factor(c["kind"], n) * c["bytes"] * c["count"]
-    return total
+        if link.devices is not None and n == mesh_size:
+            n = link.devices
+        wire = wire_factor(c["kind"], n) * c["bytes"] * c["count"]
+        sent += wire
+        seconds += wire / (link.busbw(c["kind"]) * 1e9)
+    return sent, seconds
 
 
 def model_rows(reports: dict[str, dict], links: list[Link], mfu: float) -> list[dict]:
     rows = []
     for link in links:
         for scheme, report in reports.items():
-            sent = sent_bytes(report, link.devices)
-            comm = sent / (link.busbw_gbps * 1e9)
+            sent, comm = comm_seconds(report, link)
             compute = report["flops_per_step_per_device"] / (link.peak_tflops * 1e12 * mfu)
             serial = compute + comm
             if scheme == "none":
@@ -99,7 +115,7 @@ def model_rows(reports: dict[str, dict], links: list[Link], mfu: float) -> list[
 
 def format_table(rows: list[dict], mfu: float) -> str:
     lines = [
-        f"compute at {mfu:.0%} of the GPU's dense bf16 peak; links per GPU, one direction",
+        f"compute at {mfu:.0%} of the GPU's dense bf16 peak; bandwidths per GPU, one direction",
         "| link | devices | compression | MiB sent/device/step | comm ms | compute ms | "
         "step ms, no overlap | step ms, overlap |",
         "|---|---:|---|---:|---:|---:|---:|---:|",

@@ -82,15 +82,26 @@ class Compression:
         return shapes
 
     @property
+    def _block(self) -> int:
+        return self.block_size if self.scheme == "int8" else 1
+
+    def slots(self) -> list[int]:
+        """Each parameter shard's room in the flat vector: its size rounded up to whole blocks,
+        so that no block (one scale) mixes two parameters. (A block holding the end of a
+        tensor-sharded shard and the start of a replicated parameter would get a different scale
+        on each tensor peer, and the replicas would drift apart.)"""
+        return [-(-math.prod(s) // self._block) * self._block for s in self.local_shapes()]
+
+    @property
     def local_size(self) -> int:
         """Gradient values one device sends (its shards of every parameter)."""
         return sum(math.prod(s) for s in self.local_shapes())
 
     @property
     def padded_size(self) -> int:
-        """``local_size`` rounded up to whole blocks in each of the ``ways`` chunks."""
-        unit = self.ways * (self.block_size if self.scheme == "int8" else 1)
-        return -(-self.local_size // unit) * unit
+        """The flat vector: every slot, then whole blocks up to a multiple of ``ways`` chunks."""
+        unit = self.ways * self._block
+        return -(-sum(self.slots()) // unit) * unit
 
     def init_state(self) -> dict[str, Any] | None:
         """Zero residuals, boxed with their logical axes (None without error feedback)."""
@@ -153,7 +164,11 @@ class Compression:
         # Noise by data index: tensor peers holding the same replicated gradient round it alike.
         peer = jax.lax.axis_index(DATA_AXIS)
         send_key, gather_key = jax.random.split(jax.random.fold_in(key, peer))
-        flat = jnp.concatenate([x.reshape(-1).astype(jnp.float32) for x in leaves])
+        parts = []
+        for x, slot in zip(leaves, self.slots(), strict=True):
+            values = x.reshape(-1).astype(jnp.float32)
+            parts.append(jnp.pad(values, (0, slot - values.size)))
+        flat = jnp.concatenate(parts)
         flat = jnp.pad(flat, (0, self.padded_size - flat.size))
         if state is not None:
             flat = flat + state["sent"][0]
@@ -173,11 +188,11 @@ class Compression:
         everyone = jax.lax.all_gather(payload, DATA_AXIS, axis=0, tiled=True)
         mean = self._decode(everyone).reshape(-1)
         out, offset = [], 0
-        for leaf in leaves:
+        for leaf, slot in zip(leaves, self.slots(), strict=True):
             shape = leaf.shape[1:]
             size = math.prod(shape)
             out.append(mean[offset : offset + size].reshape(shape).astype(leaf.dtype))
-            offset += size
+            offset += slot
         return out, new_state
 
     # Encodings: [rows, m] fp32 <-> [rows, bytes] of int8 (int8 scheme) or uint16 (bf16).

@@ -355,7 +355,8 @@ def _compression(
 
     Raises:
       ConfigError: on ``comm.gradient_compression`` where it cannot apply (one data group, row
-        tables, batches whose rows index each other, parameters sharded over ``data``).
+        tables, batches whose rows index each other, losses that weigh rows unequally,
+        parameters sharded over ``data``).
     """
     comm = config.comm
     key = "comm.gradient_compression"
@@ -370,6 +371,12 @@ def _compression(
             key,
             f"workload '{config.workload}' batches rows that index into each other (they cannot "
             f"be cut into data groups); set none",
+        )
+    if not workload.row_mean_loss:
+        raise ConfigError(
+            key,
+            f"workload '{config.workload}' weighs rows unequally in its loss (a mean over real "
+            f"tokens), which per-group losses would change; set none",
         )
     leaves, _ = jax.tree_util.tree_flatten_with_path(abstract.params)
     specs, shapes = [], []

@@ -237,7 +237,9 @@ def _train(
         restart = check_resumable(config, run_dir, parts.abstract_state, checkpointer, start)
         end = t.stop_after or t.steps
         if start and start >= end:
-            return _finished(config, run_dir, parts, checkpointer, start, console and primary)
+            return _finished(
+                config, run_dir, parts, checkpointer, start, console and primary, restart
+            )
         if primary:
             # Artifacts first: a workload that refuses the data (a vocabulary the checkpoints
             # were not trained with) leaves the run directory as it was.
@@ -372,8 +374,10 @@ def _finished(
     checkpointer: Checkpointer,
     step: int,
     console: bool,
+    restart: tuple[str, ...] = (),
 ) -> TrainResult:
-    """The result of a run directory already at its end; nothing is compiled or written."""
+    """The result of a run directory already at its end; nothing is compiled or written.
+    ``restart``: state fields whose checkpointed layout does not fit (zeros are returned)."""
     t = config.train
     if step >= t.steps:
         where, todo = f"complete at step {step}", "raise train.steps to train on"
@@ -382,7 +386,7 @@ def _finished(
         todo = "raise or remove train.stop_after to go on"
     if console:
         print(f"hopperjax: {run_dir} is {where}: nothing to do; {todo}, or use a new run_dir")
-    state, _ = checkpointer.restore(step, parts.abstract_state)
+    state, _ = _restore(checkpointer, step, parts, restart)
     history = [
         r for r in read_metrics(run_dir / "metrics.jsonl", torn=[]) if int(r["step"]) <= step
     ]

@@ -87,9 +87,11 @@ def first_difference(
     return None
 
 
-# State fields a resume may start afresh when their layout changed: gradient-compression
-# residuals follow the mesh and the parameters' shards (parallel/compress.py).
-RESTARTABLE_FIELDS = ("comm",)
+# State fields a resume may start afresh when their layout changed, with the keys that decide the
+# layout: gradient-compression residuals follow the mesh and the parameters' shards
+# (parallel/compress.py), and two meshes can give residuals of the same shape, so a change of
+# those keys restarts them too.
+RESTARTABLE_FIELDS = {"comm": ("mesh.", "comm.")}
 
 
 def _restartable(name: str) -> bool:
@@ -126,14 +128,15 @@ def check_resumable(
                 f"value; use a new run_dir",
             )
     saved, built = checkpointer.state_leaves(step), state_leaves(abstract_state)
-    restart = tuple(
-        field
-        for field in RESTARTABLE_FIELDS
-        if first_difference(
-            {k: v for k, v in saved.items() if k.split(".", 1)[0] == field},
-            {k: v for k, v in built.items() if k.split(".", 1)[0] == field},
-        )
-    )
+    restart = []
+    for field, layout_keys in RESTARTABLE_FIELDS.items():
+        was = {k: v for k, v in saved.items() if k.split(".", 1)[0] == field}
+        now_ = {k: v for k, v in built.items() if k.split(".", 1)[0] == field}
+        if (was or now_) and (
+            first_difference(was, now_) or any(k.startswith(layout_keys) for k in changed)
+        ):
+            restart.append(field)
+    restart = tuple(restart)
     difference = first_difference(
         {k: v for k, v in saved.items() if not _restartable(k)},
         {k: v for k, v in built.items() if not _restartable(k)},

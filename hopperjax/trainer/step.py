@@ -29,8 +29,9 @@ PREPROCESS_STREAM = 1
 # Eval preprocessing: one fixed key per run (eval is deterministic: the same batches, the same
 # result at every evaluation).
 EVAL_STREAM = 2
-# Stochastic rounding of compressed gradients.
+# Stochastic rounding of compressed gradients; the data groups' dropout keys.
 COMPRESS_STREAM = 3
+GROUP_STREAM = 4
 
 
 def preprocess_key(rng: jax.Array, step: jax.Array) -> jax.Array:
@@ -113,6 +114,8 @@ def train_step(
             grad_fn, params, state.fp8, state.model_state, batch, step_key, microbatches,
             compression.ways,
         )  # fmt: skip
+        if state.loss_scale is not None:  # residuals in true units, whatever the scale does
+            grads = loss_scale_lib.unscale(grads, state.loss_scale)
         grads, comm_state = compression.reduce(
             grads, state.comm, jax.random.fold_in(step_key, COMPRESS_STREAM)
         )
@@ -126,7 +129,8 @@ def train_step(
         )
     finite = None
     if state.loss_scale is not None:
-        grads = loss_scale_lib.unscale(grads, state.loss_scale)
+        if compression is None:  # (compressed gradients were unscaled before the reduction)
+            grads = loss_scale_lib.unscale(grads, state.loss_scale)
         row_grads = loss_scale_lib.unscale(row_grads, state.loss_scale)
         # Non-finite gradients anywhere (a global reduction, so all devices agree).
         finite = loss_scale_lib.all_finite((grads, row_grads))
@@ -257,14 +261,17 @@ def _group_gradients(
     A ``vmap`` over the batch cut into ``ways`` row blocks (the blocks the ``data`` axis holds),
     with ``spmd_axis_name='data'``; inside, the model is traced with rules that leave ``data``
     out (``batch`` -> ``fsdp`` only), so each group runs as a run on its own devices would.
-    Group g draws its dropout from ``fold_in(key, g)``. The loss returned is the groups' mean,
-    model state (BatchNorm statistics) the groups' mean, FP8 meta their max (as ``_accumulate``).
+    Group g draws its dropout from ``fold_in(fold_in(key, GROUP_STREAM), g)``. The loss
+    returned is the groups' mean, model state (BatchNorm statistics) the groups' mean, FP8 meta
+    their max (as ``_accumulate``).
     """
     rules = compress.data_group_rules(nn.get_logical_axis_rules())
     parts = jax.tree.map(lambda x: x.reshape(ways, x.shape[0] // ways, *x.shape[1:]), batch)
 
+    group_keys = jax.random.fold_in(key, GROUP_STREAM)
+
     def group(part: Batch, index: jax.Array) -> tuple[jax.Array, Any, Any, Any]:
-        group_key = jax.random.fold_in(key, index)
+        group_key = jax.random.fold_in(group_keys, index)
         with nn.logical_axis_rules(rules):
             if microbatches == 1:
                 (_, (loss, state)), (grads, new_fp8, _) = grad_fn(

@@ -65,6 +65,9 @@ class Workload(abc.ABC):
       independent_rows: row i of every batch field belongs to example i alone, so two batches
         concatenate into one (the serving batcher merges requests); False when fields index
         into each other (DTA's deduplicated molecule tables).
+      row_mean_loss: ``loss`` is the mean of a per-row loss over the batch's rows, so the mean
+        of the losses of equal row blocks is the batch's loss (gradient compression computes
+        one per data group); False when rows weigh differently (a mean over real tokens).
     """
 
     ModelConfig: ClassVar[type[ModelConfig]]
@@ -76,6 +79,7 @@ class Workload(abc.ABC):
     mutable: ClassVar[tuple[str, ...]] = ()
     smoke_overrides: ClassVar[tuple[str, ...]] = ()
     independent_rows: ClassVar[bool] = True
+    row_mean_loss: ClassVar[bool] = True
 
     def __init__(self, config: Config):
         self.config = config

@@ -92,6 +92,7 @@ class Translation(Workload):
     ModelConfig = t5.T5Config
     DataConfig = ParallelData
     examples_name = "tokens"
+    row_mean_loss = False  # a mean over the real target tokens of the whole batch
     remat_names = t5.BLOCK_ACTIVATIONS
     fp8_layers = t5.FP8_LAYERS
     default_fp8_layers = tuple(x for x in t5.FP8_LAYERS if x != "lm_head")
