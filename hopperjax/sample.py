@@ -76,9 +76,13 @@ def generate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hopperjax.sample", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m hopperjax.sample",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--run-dir", required=True, help="a language-model run directory")
-    parser.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
+    parser.add_argument("--step", type=int, help="checkpoint step (None: the newest)")
     parser.add_argument("--prompt", default="\n")
     parser.add_argument("--tokens", type=int, default=500)
     parser.add_argument("--temperature", type=float, default=0.8)

@@ -18,7 +18,7 @@ import jax
 
 from hopperjax import supervise
 from hopperjax.checkpoint import CheckpointError
-from hopperjax.config import ConfigError, load_config
+from hopperjax.config import ConfigError, dump_yaml, load_config
 from hopperjax.data.errors import DataError
 from hopperjax.observe.metrics import MetricsFileError
 from hopperjax.parallel import overlap
@@ -45,12 +45,20 @@ def main(argv: list[str] | None = None) -> int:
         metavar="key=value",
         help="dotted overrides, e.g. train.steps=200 mesh.data=8 precision=bf16",
     )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config (every key, defaults included) as YAML and exit",
+    )
     args = parser.parse_intermixed_args(argv)
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as e:
         print(f"hopperjax: config error: {e}", file=sys.stderr)
         return 2
+    if args.print_config:
+        print(dump_yaml(config), end="")
+        return 0
     dist = config.distributed
     if dist.enabled and dist.supervise and not supervise.is_supervised_child():
         own_args = sys.argv[1:] if argv is None else argv

@@ -8,6 +8,7 @@ import sys
 from itertools import pairwise
 
 import pytest
+import yaml
 from conftest import REPO, TINY
 
 CLI = [sys.executable, "-m", "hopperjax.train"]
@@ -109,4 +110,24 @@ def test_cli_trains_with_grain_worker_processes(tmp_path):
     proc = run_cli(*TINY, "train.stop_after=2", "data.workers=1", f"run_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     logged = re.findall(r"^step +(\d+)/20 ", proc.stdout, re.M)
-    assert logged == ["0", "1"], proc.stdout
+    assert logged == ["1", "2"], proc.stdout  # updates done
+
+
+def test_print_config_prints_every_key_and_starts_nothing():
+    proc = run_cli("--print-config", "train.steps=7", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    printed = yaml.safe_load(proc.stdout)
+    assert printed["train"]["steps"] == 7
+    assert printed["comm"]["overlap"] == "default"  # a default the YAML file never names
+    assert printed["optim"]["b1"] == 0.9
+
+
+def test_warmup_that_covers_the_run_is_said(tmp_path, capsys):
+    import hopperjax
+
+    config = hopperjax.load_config(
+        REPO / "configs" / "quickstart.yaml",
+        [*TINY, "train.steps=3", "optim.warmup_steps=3", f"run_dir={tmp_path}"],
+    )
+    hopperjax.train(config)
+    assert "optim.warmup_steps=3 >= train.steps=3" in capsys.readouterr().out

@@ -287,7 +287,7 @@ def test_logged_norms_skips_eta_and_console_line_say_what_they_name(tiny_config,
     assert len(lines) == len(records)
     for line, r in zip(lines, records, strict=True):
         assert line.split(" | ") == [
-            f"step  {r['step']:>6d}/20",
+            f"step  {r['step'] + 1:>6d}/20",
             f"loss {r['loss']:.4f}",
             f"lr {r['lr']:.2e}",
             f"{r['step_time_s'] * 1e3:.1f} ms/step",

@@ -66,8 +66,8 @@ def _format_console(
             number = f"{value:,.0f}" if float(value).is_integer() else f"{value:.4f}"  # counts
             parts.append(f"{key.removeprefix('eval_')} {number}")
         return " | ".join(parts)
-    parts = [
-        f"step  {step:>6d}/{total_steps}",
+    parts = [  # record s is update s -> s + 1: after it, s + 1 of total_steps are done
+        f"step  {step + 1:>6d}/{total_steps}",
         f"loss {record['loss']:.4f}",
         f"lr {record['lr']:.2e}",
         f"{record['step_time_s'] * 1e3:.1f} ms/step",

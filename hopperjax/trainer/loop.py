@@ -291,6 +291,12 @@ def _train(
             + (f"resumed at step {start}" if start else "fresh start")
             + f" | {heap.describe()} | {run_dir}"
         )
+        if config.optim.schedule != "constant" and config.optim.warmup_steps >= t.steps:
+            writer.info(
+                f"hopperjax: warning: optim.warmup_steps={config.optim.warmup_steps} >= "
+                f"train.steps={t.steps}: the learning rate never reaches its "
+                f"{config.optim.schedule} decay"
+            )
         effects = _SideEffects(
             writer=writer,
             checkpointer=checkpointer,
