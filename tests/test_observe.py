@@ -419,3 +419,16 @@ def test_each_precision_is_measured_against_its_own_peak():
     assert peak_tflops(h100, PEAK_DTYPE["fp32"]) == (66.9, "datasheet H100 SXM fp32")
     assert peak_tflops(h100, PEAK_DTYPE["tf32"]) == (494.7, "datasheet H100 SXM tf32")
     assert peak_tflops(h100, PEAK_DTYPE["bf16"])[0] == 989.4
+
+
+def test_tensorboard_tags_are_grouped():
+    from hopperjax.observe.metrics import tb_tag
+
+    assert tb_tag("loss") == "train/loss"
+    assert tb_tag("grad_norm") == "train/grad_norm"
+    assert tb_tag("eval_loss") == "eval/loss"
+    assert tb_tag("eval_accuracy") == "eval/accuracy"
+    assert tb_tag("tokens_per_s") == "perf/tokens_per_s"
+    assert tb_tag("mfu") == "perf/mfu"
+    assert tb_tag("gpu0_util_pct") == "gpu/gpu0_util_pct"
+    assert tb_tag("dev0_peak_bytes_in_use_gib") == "gpu/dev0_peak_bytes_in_use_gib"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,23 @@ def _after_checkpoint(record: dict[str, Any], step: int) -> bool:
     if "loss" in record:
         return record["step"] >= step
     return record["step"] > step
+
+
+_PERF_KEYS = ("step_time_s", "tflops_per_device", "mfu", "eta_s", "elapsed_s", "profiled")
+_DEVICE_KEY = re.compile(r"(gpu|dev)\d+_")
+
+
+def tb_tag(key: str) -> str:
+    """A record key's TensorBoard tag, grouped as TensorBoard shows them: ``eval/`` (the eval
+    scores), ``perf/`` (step time, throughput, MFU, ETA), ``gpu/`` (NVML and device-memory
+    readings), ``train/`` (loss, lr, norms, everything else)."""
+    if key.startswith("eval_"):
+        return f"eval/{key.removeprefix('eval_')}"
+    if _DEVICE_KEY.match(key):
+        return f"gpu/{key}"
+    if key in _PERF_KEYS or key.endswith("_per_s"):
+        return f"perf/{key}"
+    return f"train/{key}"
 
 
 def _format_console(
@@ -134,6 +152,8 @@ class MetricsWriter:
         self._tb = SummaryWriter(str(run_dir / "tb"))
 
     def write(self, record: dict[str, Any]) -> None:
+        """One record to ``metrics.jsonl`` (as is), TensorBoard (``tb_tag`` groups) and the
+        console."""
         if not self._enabled:
             return
         self._jsonl.write(json.dumps(record) + "\n")
@@ -141,7 +161,7 @@ class MetricsWriter:
         step = int(record["step"])
         for key, value in record.items():
             if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                self._tb.add_scalar(key, value, step)
+                self._tb.add_scalar(tb_tag(key), value, step)
         self._tb.flush()
         if self._console is not None:
             self._console.print(_format_console(record, self._total, self._examples_name))
