@@ -432,3 +432,21 @@ def test_tensorboard_tags_are_grouped():
     assert tb_tag("mfu") == "perf/mfu"
     assert tb_tag("gpu0_util_pct") == "gpu/gpu0_util_pct"
     assert tb_tag("dev0_peak_bytes_in_use_gib") == "gpu/dev0_peak_bytes_in_use_gib"
+
+
+def test_cpu_peak_is_measured_once_per_machine(tmp_path, monkeypatch):
+    import jax
+
+    from hopperjax.observe import flops
+
+    monkeypatch.setenv("HOPPERJAX_CACHE_DIR", str(tmp_path))
+    first, source = flops.peak_tflops(jax.devices()[0], "fp32")
+    assert source == "measured fp32 matmul now, cached" and first > 0
+    cache = json.loads((tmp_path / "peaks.json").read_text())
+    (entry,) = cache.values()
+    entry["tflops"] = 123.0  # a later run reads the kept figure, never measures again
+    (tmp_path / "peaks.json").write_text(json.dumps(cache))
+    again, source = flops.peak_tflops(jax.devices()[0], "fp32")
+    assert again == 123.0 and source.endswith(", cached")
+    (tmp_path / "peaks.json").write_text("{not json")  # a damaged file: measured again
+    assert flops.peak_tflops(jax.devices()[0], "fp32")[1] == "measured fp32 matmul now, cached"

@@ -9,11 +9,18 @@ computes its own (``models/<name>.py``), and its workload reports them per step.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
+import json
+import os
+import platform
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+
+from hopperjax import files
 
 # Dense (no structured sparsity) vendor peak TFLOP/s per device, by compute dtype.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
@@ -53,15 +60,59 @@ def measured_cpu_peak_tflops(size: int = 1024, repeats: int = 5) -> float:
     return 2 * size**3 / best / 1e12
 
 
+def peak_cache_path() -> Path:
+    """Where measured peaks are kept: ``$HOPPERJAX_CACHE_DIR/peaks.json`` (default
+    ``~/.cache/hopperjax``)."""
+    root = os.environ.get("HOPPERJAX_CACHE_DIR") or Path.home() / ".cache" / "hopperjax"
+    return Path(root) / "peaks.json"
+
+
+def _machine_key(device: jax.Device) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:  # the model name, as lscpu shows it
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.node()} | {cpu} | {os.cpu_count()} cores | {device.device_kind}"
+
+
+def cached_measured_peak(device: jax.Device) -> tuple[float, str]:
+    """This machine's measured fp32 matmul peak, measured once and kept in ``peak_cache_path``
+    so that MFU compares across runs (a peak measured on a busy machine every run would make a
+    loaded run look more efficient). Delete the file, or its line, to measure again."""
+    path = peak_cache_path()
+    key = _machine_key(device)
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    entry = cache.get(key) if isinstance(cache, dict) else None
+    if isinstance(entry, dict) and isinstance(entry.get("tflops"), int | float):
+        return float(entry["tflops"]), f"measured fp32 matmul {entry.get('date', '?')}, cached"
+    tflops = measured_cpu_peak_tflops()
+    date = datetime.date.today().isoformat()
+    cache = cache if isinstance(cache, dict) else {}
+    cache[key] = {"tflops": tflops, "date": date}
+    try:
+        files.write_text(path, json.dumps(cache, indent=1) + "\n")
+    except OSError:  # a read-only home: measured each run, as before
+        return tflops, "measured fp32 matmul, not cached"
+    return tflops, "measured fp32 matmul now, cached"
+
+
 def peak_tflops(device: jax.Device, dtype: str) -> tuple[float, str]:
     """Peak TFLOP/s of one device for ``dtype`` (fp32, tf32, bf16, fp16, fp8) and its source.
 
-    GPUs come from ``PEAK_TFLOPS``; a CPU (or an unknown GPU) from a short matmul measurement.
+    GPUs come from ``PEAK_TFLOPS``; a CPU (or an unknown GPU) from a short matmul measurement,
+    made once per machine (``cached_measured_peak``).
     """
     kind = device_peak_kind(device.device_kind)
     if kind is not None and dtype in PEAK_TFLOPS[kind]:
         return PEAK_TFLOPS[kind][dtype], f"datasheet {kind} {dtype}"
-    return measured_cpu_peak_tflops(), "measured fp32 matmul"
+    return cached_measured_peak(device)
 
 
 @dataclasses.dataclass(frozen=True)
