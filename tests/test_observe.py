@@ -450,3 +450,26 @@ def test_cpu_peak_is_measured_once_per_machine(tmp_path, monkeypatch):
     assert again == 123.0 and source.endswith(", cached")
     (tmp_path / "peaks.json").write_text("{not json")  # a damaged file: measured again
     assert flops.peak_tflops(jax.devices()[0], "fp32")[1] == "measured fp32 matmul now, cached"
+
+
+def test_end_of_run_summary_and_plots(tmp_path):
+    from hopperjax.observe import summary
+
+    records = [
+        {"step": 0, "loss": 3.0},
+        {"step": 1, "loss": 2.5},
+        {"step": 2, "eval_loss": 2.4, "eval_accuracy": 0.3},
+        {"step": 2, "loss": 2.2},
+        {"step": 4, "eval_loss": 2.6, "eval_accuracy": 0.35},
+    ]
+    written = summary.write_plots(tmp_path, records)
+    assert [p.name for p in written] == ["loss.png", "eval.png"]
+    assert all(p.stat().st_size > 1000 for p in written)
+    lines = summary.summary_lines(tmp_path, records, [2, 4], ["python -m hopperjax.sample ..."])
+    assert lines[0] == (
+        "hopperjax: done at step 3 | last train loss 2.2000 | best eval loss 2.4000 at step 2"
+    )
+    assert f"  checkpoints: {tmp_path / 'checkpoints'} (steps 2, 4)" in lines
+    nexts = lines[lines.index("  next:") + 1 :]
+    assert nexts[0] == "    python -m hopperjax.sample ..."
+    assert any(c.strip().startswith("tensorboard --logdir") for c in nexts)

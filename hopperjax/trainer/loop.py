@@ -29,7 +29,7 @@ from hopperjax.checkpoint import Checkpointer, CheckpointError
 from hopperjax.config import Config, ConfigError
 from hopperjax.data import DevicePrefetcher, make_iterator, position_problem, run_alone
 from hopperjax.memory import budget, host_heap
-from hopperjax.observe import MetricsWriter, read_metrics
+from hopperjax.observe import MetricsWriter, read_metrics, summary
 from hopperjax.observe.flops import Throughput
 from hopperjax.observe.gpu import GpuMonitor, device_memory_stats
 from hopperjax.observe.profile import ProfileWindow, step_annotation
@@ -325,9 +325,25 @@ def _train(
         with _closing(*closables):
             state, history = _loop(state, start, parts, train_step, eval_step, throughput, effects)
         checkpointer.wait()
+        if primary and console:
+            _finish_report(run_dir, parts, checkpointer)
     return TrainResult(
         state=state, run_dir=run_dir, history=history, compile_s=compile_s, data_s=build_s
     )
+
+
+def _finish_report(run_dir: Path, parts: Components, checkpointer: Checkpointer) -> None:
+    """For a console run: plots of the whole run (``run_dir/plots``) and the summary with the
+    next commands. Never fails the run: a plot that cannot be drawn is left out."""
+    records = read_metrics(run_dir / "metrics.jsonl", torn=[])
+    try:
+        summary.write_plots(run_dir, records)
+    except (OSError, ValueError) as e:  # a full disk, odd values: the run itself is done
+        print(f"hopperjax: plots not written: {e}", file=sys.stderr)
+    lines = summary.summary_lines(
+        run_dir, records, checkpointer.all_steps(), parts.workload.next_commands(run_dir)
+    )
+    print("\n".join(lines), flush=True)
 
 
 def _restore(

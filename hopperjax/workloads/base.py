@@ -84,6 +84,12 @@ class Workload(abc.ABC):
     def __init__(self, config: Config):
         self.config = config
 
+    def next_commands(self, run_dir: Path) -> list[str]:
+        """Commands worth running on a finished run of this workload (its sampler, its
+        translator), printed first in the end-of-run summary. Default: none."""
+        del run_dir
+        return []
+
     @classmethod
     def validate_config(cls, config: Config) -> None:
         """Raises ``ConfigError`` naming the key for a bad ``model.*`` or ``data.*`` value, or one

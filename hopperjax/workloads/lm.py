@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shlex
 from pathlib import Path
 from typing import Any, Literal
 
@@ -231,6 +232,9 @@ class LanguageModeling(Workload):
 
     def examples_per_step(self, batch_size: int) -> int:
         return batch_size * self.config.data.seq_len
+
+    def next_commands(self, run_dir: Path) -> list[str]:
+        return [f"python -m hopperjax.sample --run-dir {shlex.quote(str(run_dir))} --tokens 300"]
 
     def write_artifacts(self, datasets: Datasets, run_dir: Path, *, resuming: bool) -> None:
         """A character-level run's vocabulary (``vocab.json``: evaluation and sampling decode

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -410,6 +411,10 @@ class Translation(Workload):
         )  # fmt: skip
         scores = translation_scores(hypotheses, list(meta.generate.targets))
         return {"eval_bleu": scores["bleu"], "eval_chrf": scores["chrf"]}
+
+    def next_commands(self, run_dir: Path) -> list[str]:
+        where = shlex.quote(str(run_dir))
+        return [f"python -m hopperjax.translate --run-dir {where} --input SENTENCES.txt"]
 
     def write_artifacts(self, datasets: Datasets, run_dir: Path, *, resuming: bool) -> None:
         """The run's tokenizer (``spm.model``); a run that resumes keeps the one it has."""
