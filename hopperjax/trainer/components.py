@@ -288,7 +288,8 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         workload, {name: jax.ShapeDtypeStruct(f.shape, f.dtype) for name, f in fields.items()}
     )
     loss_scale = initial_loss_scale(config, policy)
-    abstract, shardings = state_shardings(
+    shapes = functools.partial(
+        state_shardings,
         model,
         tx,
         mesh,
@@ -297,19 +298,11 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         loss_scale=loss_scale,
         rules=rules,
     )
+    abstract, shardings = shapes()
     _check_divisible(abstract)
     compression = _compression(config, mesh, workload, abstract)
     if compression is not None and compression.error_feedback:  # the residuals join the state
-        abstract, shardings = state_shardings(
-            model,
-            tx,
-            mesh,
-            seed=config.seed,
-            example_inputs=example,
-            loss_scale=loss_scale,
-            rules=rules,
-            compression=compression,
-        )
+        abstract, shardings = shapes(compression=compression)
     offloaded = offload.offloaded_fields(config.offload)
     fetch = offload.make_fetch(shardings, offloaded)
     if offloaded:
