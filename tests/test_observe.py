@@ -473,3 +473,24 @@ def test_end_of_run_summary_and_plots(tmp_path):
     nexts = lines[lines.index("  next:") + 1 :]
     assert nexts[0] == "    python -m hopperjax.sample ..."
     assert any(c.strip().startswith("tensorboard --logdir") for c in nexts)
+
+
+def test_a_terminal_gets_a_live_progress_bar(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from hopperjax.observe import metrics
+
+    screen = io.StringIO()
+    monkeypatch.setattr(
+        metrics, "make_console", lambda: Console(file=screen, force_terminal=True, width=120)
+    )
+    writer = metrics.MetricsWriter(tmp_path, total_steps=10, examples_name="tokens")
+    for step in (4, 9):
+        writer.write({"step": step, "loss": 2.5, "lr": 1e-3, "step_time_s": 0.1,
+                      "tokens_per_s": 1000.0})  # fmt: skip
+    writer.close()
+    shown = screen.getvalue()
+    assert "10/10" in shown and "1,000 tokens/s" in shown  # (the bar redraws on a timer)
+    assert "step       5/10 | loss 2.5000" in shown  # the plain lines still print above it

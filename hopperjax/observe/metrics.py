@@ -15,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 
 class MetricsFileError(ValueError):
@@ -98,6 +105,11 @@ def _format_console(
     return " | ".join(parts)
 
 
+def make_console() -> Console:
+    """The console the loop prints to (a function, so that a test can hand in a terminal)."""
+    return Console(highlight=False, soft_wrap=True)
+
+
 class MetricsWriter:
     """Writes records to every sink; a writer with ``enabled=False`` (processes > 0) does nothing.
 
@@ -126,9 +138,25 @@ class MetricsWriter:
         self._enabled = enabled
         self._examples_name = examples_name
         self._total = total_steps
-        self._console = Console(highlight=False, soft_wrap=True) if console and enabled else None
+        self._console = make_console() if console and enabled else None
         self._jsonl = None
         self._tb = None
+        # On a terminal, a live bar below the log lines (plain lines only elsewhere: CI, logs).
+        self._progress = None
+        if self._console is not None and self._console.is_terminal:
+            self._progress = Progress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeRemainingColumn(),
+                console=self._console,
+                transient=True,
+            )
+            self._task = self._progress.add_task(
+                "train", total=total_steps, completed=resume_step, status=""
+            )
+            self._progress.start()
         if not enabled:
             return
         run_dir = Path(run_dir)
@@ -165,12 +193,20 @@ class MetricsWriter:
         self._tb.flush()
         if self._console is not None:
             self._console.print(_format_console(record, self._total, self._examples_name))
+        if self._progress is not None and "loss" in record:
+            rate = record.get(f"{self._examples_name}_per_s")
+            status = f"loss {record['loss']:.4f}" + (
+                f" | {rate:,.0f} {self._examples_name}/s" if rate is not None else ""
+            )
+            self._progress.update(self._task, completed=step + 1, status=status)
 
     def info(self, message: str) -> None:
         if self._console is not None:
             self._console.print(message)
 
     def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
         if self._jsonl is not None:
             self._jsonl.close()
         if self._tb is not None:

@@ -30,6 +30,7 @@ from hopperjax.config import Config, ConfigError
 from hopperjax.data import DevicePrefetcher, make_iterator, position_problem, run_alone
 from hopperjax.memory import budget, host_heap
 from hopperjax.observe import MetricsWriter, read_metrics, summary
+from hopperjax.observe import metrics as metrics_lib
 from hopperjax.observe.flops import Throughput
 from hopperjax.observe.gpu import GpuMonitor, device_memory_stats
 from hopperjax.observe.profile import ProfileWindow, step_annotation
@@ -212,7 +213,8 @@ def _train(
 ) -> TrainResult:
     t = config.train
     build_start = time.perf_counter()
-    parts = build_components(config, devices=devices)  # reads (and decodes) the data
+    with _phase(console and primary, "reading the data, building the model"):
+        parts = build_components(config, devices=devices)  # reads (and decodes) the data
     build_s = time.perf_counter() - build_start
 
     def warn(message: str) -> None:
@@ -247,8 +249,9 @@ def _train(
             resolved = dataclasses.replace(config, run_dir=str(run_dir))
             files.write_text(run_dir / "config.yaml", config_lib.dump_yaml(resolved))
         compile_start = time.perf_counter()
-        train_step = parts.lower_train_step().compile()
-        eval_step = parts.lower_eval_step().compile()
+        with _phase(console and primary, "compiling the train and eval steps"):
+            train_step = parts.lower_train_step().compile()
+            eval_step = parts.lower_eval_step().compile()
         compile_s = time.perf_counter() - compile_start
         _check_fits(train_step, parts.mesh.devices.flat[0])  # before anything is allocated
         train_iterator = make_iterator(parts.datasets.train, config.data)
@@ -330,6 +333,17 @@ def _train(
     return TrainResult(
         state=state, run_dir=run_dir, history=history, compile_s=compile_s, data_s=build_s
     )
+
+
+@contextlib.contextmanager
+def _phase(active: bool, message: str) -> Iterator[None]:
+    """A spinner naming a slow phase (data, compile) on a terminal; nothing elsewhere."""
+    terminal = metrics_lib.make_console()
+    if not active or not terminal.is_terminal:
+        yield
+        return
+    with terminal.status(f"hopperjax: {message} ..."):
+        yield
 
 
 def _finish_report(run_dir: Path, parts: Components, checkpointer: Checkpointer) -> None:
