@@ -484,7 +484,9 @@ def test_a_terminal_gets_a_live_progress_bar(tmp_path, monkeypatch):
 
     screen = io.StringIO()
     monkeypatch.setattr(
-        metrics, "make_console", lambda: Console(file=screen, force_terminal=True, width=120)
+        metrics,
+        "make_console",
+        lambda: Console(file=screen, force_terminal=True, width=120, highlight=False),
     )
     writer = metrics.MetricsWriter(tmp_path, total_steps=10, examples_name="tokens")
     for step in (4, 9):
