@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"wrote {shards.pairs} pairs ({shards.skipped} skipped; {splits}) of {table.source} to "
         f"{len(paths)} shards in {args.out}: {size} bytes, {time.perf_counter() - start:.2f} s; "
-        f"train on them with workload=dta data.source=shards data.path={args.out}"
+        f"train on them with python -m hopperjax.train --config configs/dta_davis.yaml "
+        f"data.source=shards data.path={args.out} data.group_by=none (shards stream pairs: "
+        f"grouping by protein needs the pair table in memory)"
     )
     if args.bench:
         for workers in (0, 1, 2):
