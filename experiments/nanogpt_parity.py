@@ -105,7 +105,8 @@ def write_table(runs: list[dict], header: str, path: Path) -> str:
         "|---|---:|---:|",
     ]
     for s in steps:
-        peer = f"{PEER['val_loss_2000']:.4f}" if s == steps[-1] else "–"
+        # The peer's figure is its step-2,000 loss: shown only beside our step 2,000.
+        peer = f"{PEER['val_loss_2000']:.4f}" if s == 2000 else "–"
         lines.append(f"| val loss, step {s} (20 batches) | {spread(by_step[s], '.4f')} | {peer} |")
     lines += [
         f"| val loss, whole split | {spread([r['full_val_loss'] for r in runs], '.4f')} | – |",
