@@ -9,7 +9,7 @@ from testenv import xla_flags
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {xla_flags(8)}".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Measured peaks (observe/flops.py) are kept per machine; the tests keep theirs apart.
-os.environ.setdefault("HOPPERJAX_CACHE_DIR", tempfile.mkdtemp(prefix="hopperjax-test-cache-"))
+os.environ["HOPPERJAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="hopperjax-test-cache-")
 
 from pathlib import Path
 

@@ -434,6 +434,18 @@ def test_tensorboard_tags_are_grouped():
     assert tb_tag("dev0_peak_bytes_in_use_gib") == "gpu/dev0_peak_bytes_in_use_gib"
 
 
+def test_forced_color_in_a_log_file_gets_no_live_display(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from hopperjax.observe import metrics
+
+    assert not metrics.is_live(Console(file=io.StringIO()))
+    monkeypatch.setattr("sys.stdout", io.StringIO())  # FORCE_COLOR: rich calls it a terminal
+    assert not metrics.is_live(Console(force_terminal=True))
+
+
 def test_cpu_peak_is_measured_once_per_machine(tmp_path, monkeypatch):
     import jax
 
@@ -450,25 +462,46 @@ def test_cpu_peak_is_measured_once_per_machine(tmp_path, monkeypatch):
     assert again == 123.0 and source.endswith(", cached")
     (tmp_path / "peaks.json").write_text("{not json")  # a damaged file: measured again
     assert flops.peak_tflops(jax.devices()[0], "fp32")[1] == "measured fp32 matmul now, cached"
+    cache = json.loads((tmp_path / "peaks.json").read_text())
+    for bad in (0, -1.0, True, "fast"):  # never a divisor of zero, a bool or a string
+        (tmp_path / "peaks.json").write_text(json.dumps({k: {"tflops": bad} for k in cache}))
+        assert flops.peak_tflops(jax.devices()[0], "fp32")[1].startswith("measured fp32 matmul now")
+    monkeypatch.delenv("HOPPERJAX_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(flops.Path, "home", lambda: (_ for _ in ()).throw(RuntimeError("no home")))
+    assert flops.peak_tflops(jax.devices()[0], "fp32")[1] == "measured fp32 matmul, not cached"
 
 
 def test_end_of_run_summary_and_plots(tmp_path):
+    import matplotlib
+
     from hopperjax.observe import summary
 
     records = [
+        {"step": 0, "eval_loss": float("nan"), "eval_pairs": 500.0},
         {"step": 0, "loss": 3.0},
         {"step": 1, "loss": 2.5},
-        {"step": 2, "eval_loss": 2.4, "eval_accuracy": 0.3},
+        {"step": 2, "eval_loss": 2.4, "eval_accuracy": 0.3, "eval_pairs": 500.0},
         {"step": 2, "loss": 2.2},
-        {"step": 4, "eval_loss": 2.6, "eval_accuracy": 0.35},
+        {"step": 4, "eval_loss": 2.6, "eval_accuracy": 0.35, "eval_bleu": 30.5},
     ]
+    backend = matplotlib.get_backend()
     written = summary.write_plots(tmp_path, records)
+    assert matplotlib.get_backend() == backend  # a notebook's backend is left alone
     assert [p.name for p in written] == ["loss.png", "eval.png"]
     assert all(p.stat().st_size > 1000 for p in written)
+    assert summary._score_keys([r for r in records if "eval_loss" in r]) == [
+        "eval_accuracy",
+        "eval_bleu",  # on some evals only (generation metrics), still plotted; counts are not
+    ]
     lines = summary.summary_lines(tmp_path, records, [2, 4], ["python -m hopperjax.sample ..."])
     assert lines[0] == (
         "hopperjax: done at step 3 | last train loss 2.2000 | best eval loss 2.4000 at step 2"
     )
+    stopped = summary.summary_lines(tmp_path, records, [2], [], total_steps=10)
+    assert stopped[0].startswith("hopperjax: stopped at step 3 of 10 |")
+    many = summary.summary_lines(tmp_path, records, [2], [], single_device=False)
+    assert not any("hopperjax.inspect" in line for line in many)
     assert f"  checkpoints: {tmp_path / 'checkpoints'} (steps 2, 4)" in lines
     nexts = lines[lines.index("  next:") + 1 :]
     assert nexts[0] == "    python -m hopperjax.sample ..."
@@ -488,11 +521,13 @@ def test_a_terminal_gets_a_live_progress_bar(tmp_path, monkeypatch):
         "make_console",
         lambda: Console(file=screen, force_terminal=True, width=120, highlight=False),
     )
+    monkeypatch.setattr(metrics, "is_live", lambda console: True)
     writer = metrics.MetricsWriter(tmp_path, total_steps=10, examples_name="tokens")
+    assert writer._progress is None  # nothing live before the first record
     for step in (4, 9):
         writer.write({"step": step, "loss": 2.5, "lr": 1e-3, "step_time_s": 0.1,
-                      "tokens_per_s": 1000.0})  # fmt: skip
+                      "tokens_per_s": 1000.0, "eta_s": 65.0})  # fmt: skip
     writer.close()
     shown = screen.getvalue()
-    assert "10/10" in shown and "1,000 tokens/s" in shown  # (the bar redraws on a timer)
+    assert "10/10" in shown and "1,000 tokens/s | eta 0:01:05" in shown  # redrawn on a timer
     assert "step       5/10 | loss 2.5000" in shown  # the plain lines still print above it

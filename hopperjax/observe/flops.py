@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import math
 import os
 import platform
 import time
@@ -47,9 +48,12 @@ def device_peak_kind(device_kind: str) -> str | None:
 
 
 @functools.cache
-def measured_cpu_peak_tflops(size: int = 1024, repeats: int = 5) -> float:
-    """Best fp32 matmul throughput of this host, the CPU's stand-in for a datasheet peak."""
-    x = jnp.ones((size, size), jnp.float32)
+def measured_cpu_peak_tflops(
+    device: jax.Device | None = None, size: int = 1024, repeats: int = 5
+) -> float:
+    """Best fp32 matmul throughput of ``device`` (default: JAX's default device), the CPU's
+    stand-in for a datasheet peak."""
+    x = jax.device_put(jnp.ones((size, size), jnp.float32), device)
     matmul = jax.jit(lambda a: a @ a)
     matmul(x).block_until_ready()
     best = float("inf")
@@ -60,10 +64,16 @@ def measured_cpu_peak_tflops(size: int = 1024, repeats: int = 5) -> float:
     return 2 * size**3 / best / 1e12
 
 
-def peak_cache_path() -> Path:
+def peak_cache_path() -> Path | None:
     """Where measured peaks are kept: ``$HOPPERJAX_CACHE_DIR/peaks.json`` (default
-    ``~/.cache/hopperjax``)."""
-    root = os.environ.get("HOPPERJAX_CACHE_DIR") or Path.home() / ".cache" / "hopperjax"
+    ``$XDG_CACHE_HOME/hopperjax`` or ``~/.cache/hopperjax``); None without a home to keep it in."""
+    root = os.environ.get("HOPPERJAX_CACHE_DIR")
+    if not root:
+        try:
+            base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        except RuntimeError:  # no HOME and no passwd entry (a container's --user)
+            return None
+        root = Path(base) / "hopperjax"
     return Path(root) / "peaks.json"
 
 
@@ -76,7 +86,14 @@ def _machine_key(device: jax.Device) -> str:
                 break
     except OSError:
         pass
-    return f"{platform.node()} | {cpu} | {os.cpu_count()} cores | {device.device_kind}"
+    try:  # the cores this process may use (a job's share), not the host's
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count()
+    return (
+        f"{platform.node()} | {cpu} | {cores} cores | {device.platform} {device.device_kind} | "
+        f"jaxlib {jax.lib.__version__ if hasattr(jax.lib, '__version__') else jax.__version__}"
+    )
 
 
 def cached_measured_peak(device: jax.Device) -> tuple[float, str]:
@@ -84,15 +101,23 @@ def cached_measured_peak(device: jax.Device) -> tuple[float, str]:
     so that MFU compares across runs (a peak measured on a busy machine every run would make a
     loaded run look more efficient). Delete the file, or its line, to measure again."""
     path = peak_cache_path()
+    if path is None:
+        return measured_cpu_peak_tflops(device), "measured fp32 matmul, not cached"
     key = _machine_key(device)
     try:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         cache = {}
     entry = cache.get(key) if isinstance(cache, dict) else None
-    if isinstance(entry, dict) and isinstance(entry.get("tflops"), int | float):
-        return float(entry["tflops"]), f"measured fp32 matmul {entry.get('date', '?')}, cached"
-    tflops = measured_cpu_peak_tflops()
+    value = entry.get("tflops") if isinstance(entry, dict) else None
+    if (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    ):
+        return float(value), f"measured fp32 matmul {entry.get('date', '?')}, cached"
+    tflops = measured_cpu_peak_tflops(device)
     date = datetime.date.today().isoformat()
     cache = cache if isinstance(cache, dict) else {}
     cache[key] = {"tflops": tflops, "date": date}

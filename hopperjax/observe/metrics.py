@@ -20,7 +20,6 @@ from rich.progress import (
     MofNCompleteColumn,
     Progress,
     TextColumn,
-    TimeRemainingColumn,
 )
 
 
@@ -110,6 +109,14 @@ def make_console() -> Console:
     return Console(highlight=False, soft_wrap=True)
 
 
+def is_live(console: Console) -> bool:
+    """Whether ``console`` may animate (spinner, progress bar): a terminal that really is one
+    (FORCE_COLOR makes rich call a log file a terminal; it gets plain lines)."""
+    if not console.is_terminal:
+        return False
+    return console.file is not sys.stdout or sys.stdout.isatty()
+
+
 class MetricsWriter:
     """Writes records to every sink; a writer with ``enabled=False`` (processes > 0) does nothing.
 
@@ -141,22 +148,11 @@ class MetricsWriter:
         self._console = make_console() if console and enabled else None
         self._jsonl = None
         self._tb = None
-        # On a terminal, a live bar below the log lines (plain lines only elsewhere: CI, logs).
+        # On a terminal, a live bar below the log lines (plain lines only elsewhere: CI, logs),
+        # started with the first record so that a failing set-up leaves no bar behind.
         self._progress = None
-        if self._console is not None and self._console.is_terminal:
-            self._progress = Progress(
-                TextColumn("train"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[status]}"),
-                TimeRemainingColumn(),
-                console=self._console,
-                transient=True,
-            )
-            self._task = self._progress.add_task(
-                "train", total=total_steps, completed=resume_step, status=""
-            )
-            self._progress.start()
+        self._live = self._console is not None and is_live(self._console)
+        self._resume_step = resume_step
         if not enabled:
             return
         run_dir = Path(run_dir)
@@ -193,12 +189,32 @@ class MetricsWriter:
         self._tb.flush()
         if self._console is not None:
             self._console.print(_format_console(record, self._total, self._examples_name))
-        if self._progress is not None and "loss" in record:
+        if self._live and "loss" in record:
+            if self._progress is None:
+                self._start_bar()
             rate = record.get(f"{self._examples_name}_per_s")
             status = f"loss {record['loss']:.4f}" + (
                 f" | {rate:,.0f} {self._examples_name}/s" if rate is not None else ""
             )
+            if "eta_s" in record:  # the loop's own estimate: rich's needs updates < 30 s apart
+                status += f" | eta {datetime.timedelta(seconds=round(record['eta_s']))}"
             self._progress.update(self._task, completed=step + 1, status=status)
+
+    def _start_bar(self) -> None:
+        self._progress = Progress(
+            TextColumn("train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=self._console,
+            transient=True,
+            # Warnings stay on stderr (rich would fold them into stdout while the bar is live).
+            redirect_stderr=False,
+        )
+        self._task = self._progress.add_task(
+            "train", total=self._total, completed=self._resume_step, status=""
+        )
+        self._progress.start()
 
     def info(self, message: str) -> None:
         if self._console is not None:
@@ -207,6 +223,7 @@ class MetricsWriter:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+            self._progress = None
         if self._jsonl is not None:
             self._jsonl.close()
         if self._tb is not None:

@@ -294,11 +294,10 @@ def _train(
             + (f"resumed at step {start}" if start else "fresh start")
             + f" | {heap.describe()} | {run_dir}"
         )
-        if config.optim.schedule != "constant" and config.optim.warmup_steps >= t.steps:
+        if config.optim.warmup_steps >= t.steps:
             writer.info(
                 f"hopperjax: warning: optim.warmup_steps={config.optim.warmup_steps} >= "
-                f"train.steps={t.steps}: the learning rate never reaches its "
-                f"{config.optim.schedule} decay"
+                f"train.steps={t.steps}: the learning rate never gets past its warmup"
             )
         effects = _SideEffects(
             writer=writer,
@@ -329,7 +328,7 @@ def _train(
             state, history = _loop(state, start, parts, train_step, eval_step, throughput, effects)
         checkpointer.wait()
         if primary and console:
-            _finish_report(run_dir, parts, checkpointer)
+            _finish_report(run_dir, parts, checkpointer, stopped_by=preemption.requested)
     return TrainResult(
         state=state, run_dir=run_dir, history=history, compile_s=compile_s, data_s=build_s
     )
@@ -339,24 +338,34 @@ def _train(
 def _phase(active: bool, message: str) -> Iterator[None]:
     """A spinner naming a slow phase (data, compile) on a terminal; nothing elsewhere."""
     terminal = metrics_lib.make_console()
-    if not active or not terminal.is_terminal:
+    if not active or not metrics_lib.is_live(terminal):
         yield
         return
     with terminal.status(f"hopperjax: {message} ..."):
         yield
 
 
-def _finish_report(run_dir: Path, parts: Components, checkpointer: Checkpointer) -> None:
+def _finish_report(
+    run_dir: Path, parts: Components, checkpointer: Checkpointer, *, stopped_by: str | None
+) -> None:
     """For a console run: plots of the whole run (``run_dir/plots``) and the summary with the
-    next commands. Never fails the run: a plot that cannot be drawn is left out."""
-    records = read_metrics(run_dir / "metrics.jsonl", torn=[])
+    next commands; a run stopped by a signal only says where it stopped (its grace period is
+    not spent on plots). Never fails the run: what cannot be drawn is left out."""
     try:
-        summary.write_plots(run_dir, records)
-    except (OSError, ValueError) as e:  # a full disk, odd values: the run itself is done
-        print(f"hopperjax: plots not written: {e}", file=sys.stderr)
-    lines = summary.summary_lines(
-        run_dir, records, checkpointer.all_steps(), parts.workload.next_commands(run_dir)
-    )
+        records = read_metrics(run_dir / "metrics.jsonl", torn=[])
+        if stopped_by is None:
+            summary.write_plots(run_dir, records)
+        lines = summary.summary_lines(
+            run_dir,
+            records,
+            checkpointer.all_steps(),
+            parts.workload.next_commands(run_dir),
+            total_steps=parts.config.train.steps,
+            single_device=parts.mesh.size == 1,
+        )
+    except Exception as e:
+        print(f"hopperjax: end-of-run report skipped: {e}", file=sys.stderr)
+        return
     print("\n".join(lines), flush=True)
 
 
