@@ -92,7 +92,7 @@ def _machine_key(device: jax.Device) -> str:
         cores = os.cpu_count()
     return (
         f"{platform.node()} | {cpu} | {cores} cores | {device.platform} {device.device_kind} | "
-        f"jaxlib {jax.lib.__version__ if hasattr(jax.lib, '__version__') else jax.__version__}"
+        f"jax {jax.__version__}"
     )
 
 
