@@ -1,7 +1,7 @@
 """CIFAR-10 to a target accuracy: seeds x precisions of one image recipe, a table and a plot.
 
     python experiments/cifar10_benchmark.py [--config configs/cifar10_resnet.yaml]
-        [--data ../shared/data/cifar10] [--seeds 0,1,2] [--precisions bf16]
+        [--data data/cifar10] [--seeds 0,1,2] [--precisions bf16]
         [--target 0.94] [--out runs/cifar10_benchmark] [key=value ...]
 
 Each run is one ``hopperjax.train`` of the recipe (seed and precision set, the test split
@@ -45,7 +45,7 @@ def run_one(config_path: str, overrides: list[str], seed: int, precision: str, o
         config_path, [*overrides, f"seed={seed}", f"precision={precision}", f"run_dir={out / name}"]
     )
     start = time.perf_counter()
-    result = hopperjax.train(config, console=False)
+    result = hopperjax.train(config, console="bar")
     wall_s = time.perf_counter() - start
     evals = [r for r in result.history if "eval_accuracy" in r]
     if not evals:

@@ -45,7 +45,7 @@ def run_variant(config_path: str, overrides: list[str], name: str, out: Path) ->
         config_path, [*overrides, *variant_overrides(name), f"run_dir={out / name}"]
     )
     report = inspect_config(config)
-    result = hopperjax.train(config, console=False)
+    result = hopperjax.train(config, console="bar")
     train = [r for r in result.history if "loss" in r]
     evals = [r for r in result.history if "eval_loss" in r]
     payloads = sorted(

@@ -1,6 +1,6 @@
 """DeepDTA's protocol on a DeepDTA-format dataset (Davis by default), scored like the paper.
 
-    python experiments/dta_benchmark.py --data ../shared/data/davis
+    python experiments/dta_benchmark.py --data data/davis
         [--config configs/dta_davis.yaml]
         [--folds 0,1,2,3,4] [--out runs/dta_benchmark] [key=value ...]
 
@@ -40,7 +40,7 @@ from hopperjax.data import DevicePrefetcher
 from hopperjax.trainer import build_components
 
 # Published test-set figures of DeepDTA's setting 1, per dataset, recognized by its shape (drugs,
-# proteins, measured pairs). Davis: ../shared/data/davis/SOURCE.md. KIBA: DeepDTA (Öztürk et al.
+# proteins, measured pairs). Davis: docs/dta.md. KIBA: DeepDTA (Öztürk et al.
 # 2018), KronRLS and SimBoost as DeepDTA reports them, GraphDTA (Nguyen et al. 2021) and MGraphDTA
 # as MGraphDTA's Table 3 (Yang et al. 2022) lists them.
 PUBLISHED = {
@@ -119,7 +119,7 @@ def run_fold(config_path: str, overrides: list[str], fold: int, out: Path) -> di
         }
     )
     start = time.perf_counter()
-    result = hopperjax.train(config, console=False)
+    result = hopperjax.train(config, console="bar")
     train_s = time.perf_counter() - start
     step_times = [r["step_time_s"] for r in result.history if "step_time_s" in r]
     evals = [r for r in result.history if "eval_mse" in r]

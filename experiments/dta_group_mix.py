@@ -1,6 +1,6 @@
 """What data.group_mix buys and costs: proteins per batch, table rows, model FLOPs per step.
 
-    python experiments/dta_group_mix.py [--davis ../shared/data/davis] [--mixes 1,2,4,8,16]
+    python experiments/dta_group_mix.py [--davis data/davis] [--mixes 1,2,4,8,16]
 
 For Davis (if given) and a synthetic set of KIBA's shape (2,111 drugs, 229 proteins, 118,254
 pairs), and each mix: the distinct proteins of the first 20 training batches of 2,048 pairs (mean

@@ -1,6 +1,6 @@
 """nanoGPT's CPU recipe on character-level Tiny Shakespeare, run by hopperjax, beside the peer.
 
-    python experiments/nanogpt_parity.py --data ../shared/data/tinyshakespeare/input.txt
+    python experiments/nanogpt_parity.py --data data/tinyshakespeare/input.txt
         [--config configs/shakespeare_char_cpu.yaml] [--seeds 0,1,2] [--out runs/nanogpt_parity]
         [key=value ...]
 
@@ -71,7 +71,7 @@ def run_seed(config_path: str, overrides: list[str], seed: int, out: Path) -> di
         ],
     )
     start = time.perf_counter()
-    result = hopperjax.train(config, console=False)
+    result = hopperjax.train(config, console="bar")
     wall_s = time.perf_counter() - start
     train = [r for r in result.history if "loss" in r]
     evals = [r for r in result.history if "eval_loss" in r]

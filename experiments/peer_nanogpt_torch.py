@@ -2,7 +2,7 @@
 (issue 8's facts, key for key) written in plain PyTorch, eager and fp32, as nanoGPT runs it.
 
     pip install torch==2.13.0 numpy      # in a separate venv: torch is not a hopperjax dependency
-    python experiments/peer_nanogpt_torch.py --data ../shared/data/tinyshakespeare/input.txt \
+    python experiments/peer_nanogpt_torch.py --data data/tinyshakespeare/input.txt \
         [--seeds 0,1,2] [--out runs/peer_nanogpt_torch.json]
 
 Our own implementation of the published recipe (no nanoGPT code): 4 pre-norm blocks, width 128,

@@ -28,7 +28,7 @@ def run_policy(config_path: str, overrides: list[str], policy: str, out: Path) -
         config_path, [*overrides, f"precision={policy}", f"run_dir={out / policy}"]
     )
     report = inspect_config(config)
-    result = hopperjax.train(config, console=False)
+    result = hopperjax.train(config, console="bar")
     train = [r for r in result.history if "loss" in r]
     evals = [r for r in result.history if "eval_loss" in r]
     return {

@@ -48,7 +48,7 @@ def run_fold(args: argparse.Namespace, fold: int, out: Path) -> dict:
                  f"run_dir={run_dir}"]  # fmt: skip
     config = hopperjax.load_config(args.config, overrides)
     start = time.perf_counter()
-    result = hopperjax.train(config, console=False)
+    result = hopperjax.train(config, console="bar")
     wall = time.perf_counter() - start
     final = [r for r in result.history if "eval_rmse" in r][-1]
     steps = [r["step_time_s"] for r in result.history if "step_time_s" in r]
@@ -74,7 +74,7 @@ def run_synthetic(args: argparse.Namespace, rows: int, out: Path) -> dict:
                  f"train.checkpoint_every={steps}", f"run_dir={out}/synthetic{rows}"]  # fmt: skip
     config = hopperjax.load_config(args.config, overrides)
     start = time.perf_counter()
-    result = hopperjax.train(config, console=False)
+    result = hopperjax.train(config, console="bar")
     wall = time.perf_counter() - start
     final = [r for r in result.history if "eval_rmse" in r][-1]
     return {"fold": f"synthetic {rows}", "rows": rows, "steps": steps, "noise": args.noise,

@@ -47,7 +47,7 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
         config = config.replace(**{"train.generate_every": config.train.eval_every})
     resumed_from = (_checkpoint_steps(run_dir) or [0])[-1]
     start = time.perf_counter()
-    hopperjax.train(config, console=False)
+    hopperjax.train(config, console="bar")
     train_s = time.perf_counter() - start
     history = _history(run_dir / "metrics.jsonl")
     d = config.data

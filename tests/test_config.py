@@ -20,8 +20,8 @@ def _dotted(config, key):
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_recipe_loads_and_shrinks(path, tmp_path):
-    # Recipes on real data name ../shared/data paths; tests never read those, so such a recipe
-    # gets a stand-in directory or file (loading checks only that the path is one).
+    # Recipes on real data name data/ paths (hopperjax.data prepare); tests never read those, so
+    # such a recipe gets a stand-in directory or file (loading checks only that the path is one).
     recipe = path.read_text()
     stand_in = []
     if any(f"source: {s}" in recipe for s in ("deepdta", "folder", "files", "movielens", "criteo")):

@@ -531,3 +531,27 @@ def test_a_terminal_gets_a_live_progress_bar(tmp_path, monkeypatch):
     shown = screen.getvalue()
     assert "10/10" in shown and "1,000 tokens/s | eta 0:01:05" in shown  # redrawn on a timer
     assert "step       5/10 | loss 2.5000" in shown  # the plain lines still print above it
+
+
+def test_bar_mode_shows_the_bar_and_a_line_at_each_end_but_no_step_lines(tmp_path, monkeypatch):
+    """``train(console="bar")``, what the experiments use for their many runs."""
+    import io
+
+    from rich.console import Console
+
+    from hopperjax.observe import metrics
+
+    screen = io.StringIO()
+    monkeypatch.setattr(
+        metrics,
+        "make_console",
+        lambda: Console(file=screen, force_terminal=True, width=120, highlight=False),
+    )
+    monkeypatch.setattr(metrics, "is_live", lambda console: True)
+    writer = metrics.MetricsWriter(tmp_path / "fp16", total_steps=10, console=False, bar=True)
+    writer.info("not shown")
+    writer.write({"step": 9, "loss": 2.5, "lr": 1e-3, "step_time_s": 0.1})
+    writer.close()
+    shown = screen.getvalue()
+    assert "fp16" in shown and "10/10" in shown and "loss 2.5000" in shown  # the bar, labelled
+    assert "step " not in shown and "not shown" not in shown

@@ -5,6 +5,7 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,7 +81,10 @@ def test_resume_is_exact(tiny_config, tmp_path):
 
 def test_rerun_of_a_finished_run_does_nothing(tiny_config, capsys):
     config = tiny_config()
-    first = hopperjax.train(config, console=False)
+    first = hopperjax.train(config, console="bar")  # as experiments run: a line at each end
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[0].startswith(f"hopperjax: {first.run_dir}: training to step 20")
+    assert re.match(rf"hopperjax: {first.run_dir}: step 20, loss \d\.\d{{4}} \| eval_loss ", out[1])
     saved = (first.run_dir / "config.yaml").read_text()
     assert f"run_dir: {first.run_dir}" in saved  # resolved, never null
     again = hopperjax.train(tiny_config("optim.base_lr=0.5"), console=True)

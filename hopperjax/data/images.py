@@ -5,7 +5,7 @@ labels [N] held in host memory, decoded once when the run starts. Batches keep t
 (a quarter of fp32's) until the workload's on-device preprocessing converts them.
 
 - ``folder``: ``<root>/<split>/<class>/*.jpg|jpeg|png`` (ImageNet's layout, and that of
-  ``../shared/data/cifar10``); class ids are the sorted folder names of the training split.
+  ``data/cifar10``); class ids are the sorted folder names of the training split.
   Decoded with Pillow in a thread pool (its decoder releases the GIL).
 - ``cifar_binary``: ``data_batch_1.bin`` .. ``data_batch_5.bin`` and ``test_batch.bin``, records
   of 1 label byte + 3,072 bytes (1,024 R, 1,024 G, 1,024 B, row-major 32 x 32).

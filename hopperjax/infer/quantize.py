@@ -28,7 +28,7 @@ from hopperjax.precision import policy_from_config
 
 # The statistic w8a8_static calibrates to: each batch's 99.99th percentile of |x| (max over the
 # batches). Against the largest value (100), on the Multi30k T5: BLEU -0.44 % instead of -2.37 %
-# of the float model's (README "Inference").
+# of the float model's (docs/inference.md).
 DEFAULT_PERCENTILE = 99.99
 
 

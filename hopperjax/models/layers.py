@@ -77,7 +77,7 @@ class Dense(nn.Module):
         # The leading (batch, length, ...) dims travel as one: the weight gradient then contracts
         # a single dim. Contracting two (batch and length) makes XLA:CPU canonicalize the dot
         # with a transposed copy of the output gradient, which cost the nanoGPT recipe ~20 % of
-        # its step (README "Baselines"); on GPUs the reshapes are free bitcasts either way.
+        # its step (docs/results.md); on GPUs the reshapes are free bitcasts either way.
         lead = x.shape[:-n_in]
         x = x.reshape(-1, *in_shape)
         if self.int8 == "calibrate":

@@ -128,6 +128,7 @@ class MetricsWriter:
         the resumed run logs them again.
       enabled: only one process writes.
       console: print a line per record.
+      bar: the live progress bar on a terminal (default: with ``console``).
       examples_name: what the throughput counts (the workload's ``examples_name``), for the
         console.
     """
@@ -140,18 +141,22 @@ class MetricsWriter:
         resume_step: int = 0,
         enabled: bool = True,
         console: bool = True,
+        bar: bool | None = None,
         examples_name: str = "examples",
     ):
         self._enabled = enabled
+        self._lines = console
+        self._label = Path(run_dir).name or "train"
+        bar = console if bar is None else bar
         self._examples_name = examples_name
         self._total = total_steps
-        self._console = make_console() if console and enabled else None
+        self._console = make_console() if (console or bar) and enabled else None
         self._jsonl = None
         self._tb = None
         # On a terminal, a live bar below the log lines (plain lines only elsewhere: CI, logs),
         # started with the first record so that a failing set-up leaves no bar behind.
         self._progress = None
-        self._live = self._console is not None and is_live(self._console)
+        self._live = bar and self._console is not None and is_live(self._console)
         self._resume_step = resume_step
         if not enabled:
             return
@@ -187,7 +192,7 @@ class MetricsWriter:
             if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
                 self._tb.add_scalar(tb_tag(key), value, step)
         self._tb.flush()
-        if self._console is not None:
+        if self._console is not None and self._lines:
             self._console.print(_format_console(record, self._total, self._examples_name))
         if self._live and "loss" in record:
             if self._progress is None:
@@ -202,7 +207,7 @@ class MetricsWriter:
 
     def _start_bar(self) -> None:
         self._progress = Progress(
-            TextColumn("train"),
+            TextColumn(self._label),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"),
@@ -217,7 +222,7 @@ class MetricsWriter:
         self._progress.start()
 
     def info(self, message: str) -> None:
-        if self._console is not None:
+        if self._console is not None and self._lines:
             self._console.print(message)
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -166,7 +166,10 @@ class _SideEffects:
 
 
 def train(
-    config: Config, *, devices: Sequence[jax.Device] | None = None, console: bool = True
+    config: Config,
+    *,
+    devices: Sequence[jax.Device] | None = None,
+    console: bool | Literal["bar"] = True,
 ) -> TrainResult:
     """Trains (or resumes) the run that ``config`` describes.
 
@@ -177,7 +180,10 @@ def train(
     Args:
       config: a validated Config (``load_config``).
       devices: devices for the mesh; default all.
-      console: print progress lines.
+      console: True prints a line per log step and eval (with a spinner and a live bar on a
+        terminal) and the end-of-run summary; ``"bar"``, for scripts that train many runs, prints
+        one line when the run starts and one when it ends, and the live bar between them on a
+        terminal; False prints nothing.
 
     Raises:
       ConfigError: a value that only turns out bad against the devices, the data or the run
@@ -208,12 +214,13 @@ def _train(
     run_dir: Path,
     devices: Sequence[jax.Device] | None,
     *,
-    console: bool,
+    console: bool | Literal["bar"],
     primary: bool,
 ) -> TrainResult:
     t = config.train
+    lines, bar = console is True, bool(console)  # "bar": start and end lines, the live bar
     build_start = time.perf_counter()
-    with _phase(console and primary, "reading the data, building the model"):
+    with _phase(bar and primary, "reading the data, building the model"):
         parts = build_components(config, devices=devices)  # reads (and decodes) the data
     build_s = time.perf_counter() - build_start
 
@@ -230,18 +237,14 @@ def _train(
     )
     # Installed before anything slow (restore, compile): a SIGTERM or Ctrl-C that arrives before
     # the first step still checkpoints and stops after it, rather than killing the process.
-    preemption = _PreemptionFlag(
-        say=lambda m: print(m, flush=True) if console and primary else None
-    )
+    preemption = _PreemptionFlag(say=lambda m: print(m, flush=True) if bar and primary else None)
     with _closing(checkpointer), preemption:
         start = checkpointer.resume_step(info=warn) or 0
         # Every process checks (each would otherwise wait for the others in a collective).
         restart = check_resumable(config, run_dir, parts.abstract_state, checkpointer, start)
         end = t.stop_after or t.steps
         if start and start >= end:
-            return _finished(
-                config, run_dir, parts, checkpointer, start, console and primary, restart
-            )
+            return _finished(config, run_dir, parts, checkpointer, start, bar and primary, restart)
         if primary:
             # Artifacts first: a workload that refuses the data (a vocabulary the checkpoints
             # were not trained with) leaves the run directory as it was.
@@ -249,7 +252,7 @@ def _train(
             resolved = dataclasses.replace(config, run_dir=str(run_dir))
             files.write_text(run_dir / "config.yaml", config_lib.dump_yaml(resolved))
         compile_start = time.perf_counter()
-        with _phase(console and primary, "compiling the train and eval steps"):
+        with _phase(bar and primary, "compiling the train and eval steps"):
             train_step = parts.lower_train_step().compile()
             eval_step = parts.lower_eval_step().compile()
         compile_s = time.perf_counter() - compile_start
@@ -257,7 +260,7 @@ def _train(
         train_iterator = make_iterator(parts.datasets.train, config.data)
         if start:
             state, data_state = _restore(checkpointer, start, parts, restart)
-            if restart and console and primary:
+            if restart and bar and primary:
                 kept = parts.abstract_state.comm is not None
                 print(
                     f"hopperjax: gradient-compression residuals "
@@ -280,9 +283,16 @@ def _train(
             total_steps=t.steps,
             resume_step=start,
             enabled=primary,
-            console=console,
+            console=lines,
+            bar=bar,
             examples_name=parts.workload.examples_name,
         )
+        if console == "bar" and primary:
+            print(
+                f"hopperjax: {run_dir}: {'resuming at step ' + str(start) if start else 'training'}"
+                f" to step {end} (set up {build_s:.0f} s, compiled {compile_s:.0f} s)",
+                flush=True,
+            )
         throughput = parts.throughput()
         num_params = sum(x.size for x in jax.tree.leaves(parts.abstract_state.params))
         writer.info(
@@ -327,11 +337,31 @@ def _train(
         with _closing(*closables):
             state, history = _loop(state, start, parts, train_step, eval_step, throughput, effects)
         checkpointer.wait()
-        if primary and console:
+        if primary and lines:
             _finish_report(run_dir, parts, checkpointer, stopped_by=preemption.requested)
+        elif primary and console == "bar":
+            print(f"hopperjax: {run_dir}: {_ending(history, time.perf_counter() - build_start)}")
     return TrainResult(
         state=state, run_dir=run_dir, history=history, compile_s=compile_s, data_s=build_s
     )
+
+
+def _ending(history: list[dict[str, Any]], seconds: float) -> str:
+    """One line for the end of a run: its last step, train loss and eval scores, its time."""
+    parts = []
+    train = [r for r in history if "loss" in r]
+    evals = [r for r in history if "eval_loss" in r]
+    if train:
+        parts.append(f"step {int(train[-1]['step']) + 1}, loss {train[-1]['loss']:.4f}")
+    if evals:
+        parts.append(
+            ", ".join(
+                f"{k} {v:.4f}"
+                for k, v in evals[-1].items()
+                if k.startswith("eval_") and isinstance(v, float)
+            )
+        )
+    return " | ".join([*parts, f"{seconds:.0f} s in all"])
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from hopperjax import config as config_lib
 from hopperjax import scoring
 from hopperjax.config import Config, ConfigError, RematConfig
 from hopperjax.data import dta_batches, dta_shards, mol_graphs, molecules
+from hopperjax.data.datasets import not_found
 from hopperjax.models import dta as dta_model
 from hopperjax.models.transformer import BLOCK_ACTIVATIONS, BLOCK_DENSE_LAYERS
 from hopperjax.precision import Policy
@@ -331,11 +332,13 @@ class AffinityRegression(Workload):
             if Path(d.path).is_dir():
                 raise ConfigError("data.path", f"a directory, not a CSV/TSV file: {d.path}")
             if not Path(d.path).is_file():
-                raise ConfigError("data.path", f"file not found: {d.path}")
+                raise ConfigError("data.path", not_found(d.path))
         elif d.source in ("deepdta", "shards"):
             what = "a DeepDTA" if d.source == "deepdta" else "a shard"
             if not d.path:
                 raise ConfigError("data.path", f"required when data.source is '{d.source}'")
+            if not Path(d.path).exists():
+                raise ConfigError("data.path", not_found(d.path))
             if not Path(d.path).is_dir():
                 raise ConfigError("data.path", f"not {what} directory: {d.path}")
         elif d.path:

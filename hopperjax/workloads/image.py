@@ -24,6 +24,7 @@ from hopperjax import config as config_lib
 from hopperjax.config import Config, ConfigError, RematConfig
 from hopperjax.data import EpochBatches, image_shards
 from hopperjax.data import images as image_data
+from hopperjax.data.datasets import not_found
 from hopperjax.data.errors import DataError
 from hopperjax.models import resnet
 from hopperjax.precision import Policy
@@ -47,7 +48,7 @@ class ImageData(config_lib.DataConfig):
     source, the splits of a shard directory. ``bad_records``: ``error`` (one line naming the
     file) or ``skip`` (counted).
     ``mean`` / ``std``: per-channel normalization of pixels scaled to [0, 1] (defaults: measured
-    on the training images of ``../shared/data/cifar10``). ``crop_padding``: pixels of reflect
+    on the training images of ``data/cifar10``). ``crop_padding``: pixels of reflect
     padding before the random crop (0: no crop); ``flip``: random horizontal flips; ``cutout``:
     side of a random square set to the mean
     (0: off); ``tta_flip``: eval averages the logits of each image and its mirror.
@@ -174,6 +175,8 @@ class ImageClassification(Workload):
         if d.source in SOURCES_WITH_PATH:
             if not d.path:
                 raise ConfigError("data.path", f"required when data.source is '{d.source}'")
+            if not Path(d.path).exists():
+                raise ConfigError("data.path", not_found(d.path))
             if not Path(d.path).is_dir():
                 raise ConfigError("data.path", f"not a directory: {d.path}")
             if d.source.startswith("cifar") and d.image_size != image_data.CIFAR_SIDE:

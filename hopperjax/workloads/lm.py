@@ -23,6 +23,7 @@ from hopperjax import config as config_lib
 from hopperjax import files
 from hopperjax.config import Config, ConfigError, RematConfig
 from hopperjax.data import text
+from hopperjax.data.datasets import not_found
 from hopperjax.models import gpt
 from hopperjax.models.transformer import BLOCK_ACTIVATIONS, BLOCK_DENSE_LAYERS
 from hopperjax.precision import Policy
@@ -105,7 +106,7 @@ class LanguageModeling(Workload):
             if Path(d.path).is_dir():
                 raise ConfigError("data.path", f"a directory, not a text file: {d.path}")
             if not Path(d.path).is_file():
-                raise ConfigError("data.path", f"file not found: {d.path}")
+                raise ConfigError("data.path", not_found(d.path))
         elif d.path:
             raise ConfigError(
                 "data.path", f"not used by data.source '{d.source}'; set data.source=text"

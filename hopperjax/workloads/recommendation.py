@@ -29,6 +29,7 @@ from hopperjax import scoring
 from hopperjax.config import Config, ConfigError, RematConfig
 from hopperjax.data import EpochBatches
 from hopperjax.data import interactions as ix
+from hopperjax.data.datasets import not_found
 from hopperjax.data.errors import DataError
 from hopperjax.models import dlrm
 from hopperjax.models.row_table import TABLE, RowUpdates
@@ -142,7 +143,7 @@ class Recommendation(Workload):
             if not d.path:
                 raise ConfigError("data.path", f"required by data.source '{d.source}'")
             if not Path(d.path).exists():
-                raise ConfigError("data.path", f"not found: {d.path}")
+                raise ConfigError("data.path", not_found(d.path))
         if d.fold is not None and (d.source != "movielens" or not 1 <= d.fold <= 5):
             raise ConfigError("data.fold", "1..5, and only with data.source 'movielens'")
         if d.source.startswith("criteo") and len(m.tables) != ix.CRITEO_TABLES:

@@ -30,6 +30,7 @@ from hopperjax import config as config_lib
 from hopperjax.config import Config, ConfigError, RematConfig
 from hopperjax.data import EpochBatches
 from hopperjax.data import parallel_text as pt
+from hopperjax.data.datasets import not_found
 from hopperjax.data.errors import DataError
 from hopperjax.models import decoding, t5
 from hopperjax.precision import Policy
@@ -144,6 +145,8 @@ class Translation(Workload):
         if d.source == "files":
             if not d.path:
                 raise ConfigError("data.path", "required when data.source is 'files'")
+            if not Path(d.path).exists():
+                raise ConfigError("data.path", not_found(d.path))
             if not Path(d.path).is_dir():
                 raise ConfigError("data.path", f"not a directory: {d.path}")
         else:

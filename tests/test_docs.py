@@ -1,0 +1,130 @@
+"""The docs do not rot: every link resolves, every command names a script, module, config and keys
+that exist, every Python block compiles (the front page's library example runs in
+``tests/test_readme.py``). Reads the Markdown only; runs nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+
+import pytest
+from conftest import REPO
+
+import hopperjax
+from hopperjax.config import ConfigError
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+COMMAND = re.compile(r"python3? (?:-m hopperjax(?:\.\w+)+|(?:tools|experiments)/\w+\.py)\b")
+# A token that stands for something the reader fills in (FILE, R, [key=value ...], <dir>).
+PLACEHOLDER = re.compile(r"[\[\]<>{}]|\.\.\.|^[A-Z][A-Z_0-9]*$|=[A-Z][A-Z_]*$|/X\.")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(page) -> set[str]:
+    text = FENCE.sub("", page.read_text())
+    return {_slug(m.group(1)) for m in re.finditer(r"^#+ (.*)$", text, re.M)}
+
+
+def _code(text: str) -> list[str]:
+    """Fenced blocks, 4-space indented blocks and inline code spans: the command-holding text."""
+    blocks = [m.group(2) for m in FENCE.finditer(text)]
+    prose = FENCE.sub("", text)
+    blocks += re.findall(r"(?:^(?: {4}).*\n)+", prose, re.M)
+    blocks += re.findall(r"`([^`\n]+)`", prose)
+    # Inline spans may wrap over one line break in the prose.
+    blocks += [s.replace("\n", " ") for s in re.findall(r"`([^`]+)`", prose) if "\n" in s]
+    return blocks
+
+
+def _commands(page) -> list[str]:
+    found = []
+    for block in _code(page.read_text()):
+        lines = re.sub(r"\\\n\s*", " ", block).splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("$ ") and i + 1 < len(lines) and "error" in lines[i + 1]:
+                continue  # a shell session showing what a mistake prints
+            for m in COMMAND.finditer(line):
+                command = line[m.start() :]
+                for stop in (" #", " |", " &&", " >", " 2>", ";", "`"):
+                    command = command.split(stop)[0]
+                found.append(command.strip())
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_links_resolve(page):
+    text = FENCE.sub("", page.read_text())
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        assert file.exists(), f"{page.name}: link to {target}: no such file"
+        if anchor and file.suffix == ".md":
+            assert anchor in _anchors(file), f"{page.name}: link to {target}: no such heading"
+
+
+def test_every_page_is_linked_from_the_index():
+    index = (REPO / "docs" / "README.md").read_text()
+    for page in PAGES[1:]:
+        if page.name != "README.md":
+            assert f"({page.name})" in index, page.name
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_commands_name_what_exists(page):
+    commands = _commands(page)
+    for command in commands:
+        try:
+            tokens = shlex.split(command)
+        except ValueError:
+            tokens = command.split()
+        where = f"{page.name}: `{command}`"
+        target = tokens[2] if tokens[1] == "-m" else tokens[1]
+        if tokens[1] == "-m":
+            assert importlib.util.find_spec(target) is not None, f"{where}: no module {target}"
+        else:
+            assert (REPO / target).is_file(), f"{where}: no script {target}"
+        if "--config" not in tokens:
+            continue
+        config = tokens[tokens.index("--config") + 1]
+        if PLACEHOLDER.search(config):
+            continue
+        assert (REPO / config).is_file(), f"{where}: no config {config}"
+        overrides = [
+            t for t in tokens
+            if re.match(r"^[a-z_]+(\.[a-z_0-9]+)*=", t) and not PLACEHOLDER.search(t)
+        ]  # fmt: skip
+        # `key=a|b` offers alternatives: each is checked.
+        for k, item in enumerate(overrides):
+            key, _, value = item.partition("=")
+            for choice in value.split("|")[1:]:
+                overrides.append(f"{key}={choice}")
+            overrides[k] = f"{key}={value.split('|')[0]}"
+        for k in range(len(overrides)):
+            try:
+                hopperjax.load_config(REPO / config, overrides[: k + 1], validate_values=False)
+            except ConfigError as e:
+                pytest.fail(f"{where}: {e}")
+
+
+def test_the_checks_see_the_commands():
+    """The extraction is not vacuous: the pages' commands are found, in every form they take."""
+    commands = [c for page in PAGES for c in _commands(page)]
+    assert len(commands) > 70
+    assert any(c.startswith("python experiments/nanogpt_parity.py") for c in commands)  # indented
+    assert any("--config configs/dta_davis.yaml" in c for c in commands)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_python_blocks_compile(page):
+    for m in FENCE.finditer(page.read_text()):
+        if m.group(1) == "python":
+            compile(m.group(2), str(page), "exec")
