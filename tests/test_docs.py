@@ -128,3 +128,13 @@ def test_python_blocks_compile(page):
     for m in FENCE.finditer(page.read_text()):
         if m.group(1) == "python":
             compile(m.group(2), str(page), "exec")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_multi_device_commands_say_how_to_get_the_devices_on_a_cpu(page):
+    for block in _code(page.read_text()):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            if COMMAND.search(line) and re.search(r"mesh\.(data|fsdp|tensor)=([2-9]|\d\d)", line):
+                assert "XLA_FLAGS=--xla_force_host_platform_device_count=" in line, (
+                    f"{page.name}: `{line.strip()}` needs the fake-devices flag on a CPU"
+                )

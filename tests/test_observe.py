@@ -555,3 +555,20 @@ def test_bar_mode_shows_the_bar_and_a_line_at_each_end_but_no_step_lines(tmp_pat
     shown = screen.getvalue()
     assert "fp16" in shown and "10/10" in shown and "loss 2.5000" in shown  # the bar, labelled
     assert "step " not in shown and "not shown" not in shown
+
+
+def test_summary_says_which_extra_brings_plots_and_tensorboard(tmp_path, monkeypatch):
+    import importlib.util
+
+    from hopperjax.observe import summary
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("matplotlib", "tensorboard") else real(name, *a),
+    )
+    records = [{"step": 0, "loss": 2.0}]
+    lines = summary.summary_lines(tmp_path, records, [], [])
+    assert "  plots:       none without matplotlib (pip install 'hopperjax[viz]')" in lines
+    assert any(line.endswith("/tb   # pip install 'hopperjax[viz]'") for line in lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import shlex
 from pathlib import Path
@@ -42,10 +43,16 @@ def summary_lines(
         shown = ", ".join(str(s) for s in checkpoint_steps)
         lines.append(f"  checkpoints: {run_dir / 'checkpoints'} (steps {shown})")
     plots = run_dir / "plots"
+    viz = "pip install 'hopperjax[viz]'"
     if plots.is_dir():
         lines.append(f"  plots:       {plots}")
+    elif importlib.util.find_spec("matplotlib") is None:
+        lines.append(f"  plots:       none without matplotlib ({viz})")
     lines.append(f"  metrics:     {run_dir / 'metrics.jsonl'}")
-    commands = [*next_commands, f"tensorboard --logdir {where}/tb"]
+    board = f"tensorboard --logdir {where}/tb"
+    if importlib.util.find_spec("tensorboard") is None:
+        board += f"   # {viz}"
+    commands = [*next_commands, board]
     if single_device:
         commands.append(f"python -m hopperjax.inspect --config {where}/config.yaml --format table")
     commands.append(f"python -m hopperjax.export --run-dir {where} --out {where}/export")
