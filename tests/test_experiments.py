@@ -174,8 +174,14 @@ def test_translation_benchmark_resumes_a_stopped_seed_from_its_checkpoint(tmp_pa
     assert benchmark.main(argv) == 0
     assert "resuming an unfinished run from step 2" in capsys.readouterr().out
     (run,) = json.loads((out / "results.json").read_text())
-    assert run["step"] == 4 and run["resumed_from"] == 2
+    assert run["last_step"] == 4 and run["resumed_from"] == 2
     assert [step for step, _ in run["curve"]] == [2, 4]  # step 2's BLEU from the first process
+    # Scored at the checkpoint of the best validation BLEU (both kept), the earlier of equals.
+    assert run["step"] == benchmark.best_step(run["curve"], [2, 4])
+    assert run["val_bleu"] == dict(run["curve"])[run["step"]]
+    assert benchmark.best_step([(2, 30.0), (4, 31.0), (6, 31.0)], [2, 4, 6]) == 4
+    assert benchmark.best_step([(2, 30.0), (4, 31.0)], [2, 6]) == 2  # step 4 not checkpointed
+    assert benchmark.best_step([], [2, 6]) == 6
     assert run["steps_s"] > 0 and "training steps s" in (out / "table.md").read_text()
 
 
