@@ -9,10 +9,11 @@ Per seed: one ``hopperjax.train`` of the recipe, which scores BLEU on the first
 ``train.eval_every`` unless given on the command line: the BLEU-against-steps curve), then the
 detokenized, case-sensitive sacrebleu BLEU (default 13a tokenization) and chrF on the whole test
 split, decoded by beam search, of the checkpoint with the best validation BLEU (every checkpoint
-at a BLEU step is kept: ``train.keep_checkpoints`` is raised to hold them all unless given; the
-test split never takes part in the choice, as in the DTA benchmark's protocol). Seeds already in ``OUT/results.json`` are kept,
-and a seed whose run stopped part way resumes from its newest checkpoint (the trainer's exact
-resume; its curve and step times come from the run's ``metrics.jsonl``, every process's).
+is kept for that: ``train.keep_checkpoints`` is raised to hold them all unless the command line
+gives it; the test split never takes part in the choice, as in the DTA benchmark's protocol).
+Seeds already in ``OUT/results.json`` are kept, and a seed whose run stopped part way resumes
+from its newest checkpoint (the trainer's exact resume; its curve and step times come from the
+run's ``metrics.jsonl``, every process's).
 Writes ``table.md`` (mean +- std over seeds, per seed its training steps' time) and
 ``bleu.png``. Needs ``pip install 'hopperjax[translate]'`` (SentencePiece, sacrebleu)."""
 
@@ -137,7 +138,8 @@ def write_table(runs: list[dict], header: str, path: Path) -> str:
         steps_s = r.get("steps_s", r["train_s"])  # results of earlier versions: train_s
         lines.append(
             f"| {r['seed']} | {r['step']} of {r.get('last_step', r['step'])} | "
-            f"{r.get('val_bleu') or float('nan'):.2f} | {r['test']['bleu']:.2f} | "
+            f"{float('nan') if r.get('val_bleu') is None else r['val_bleu']:.2f} | "
+            f"{r['test']['bleu']:.2f} | "
             f"{r['test']['chrf']:.2f} | "
             f"{r['val_loss']:.3f} | {r['val_accuracy']:.3f} | {steps_s:.0f} | "
             f"{r['decode_s']:.0f} | {r['step_s']:.3f} |"

@@ -37,7 +37,7 @@ def test_shakespeare_is_verified_and_laid_out_whole(tmp_path, monkeypatch, capsy
     # The published checksum is the real file's: a different file is refused, nothing left.
     with pytest.raises(DataError, match=r"shakespeare.txt: sha256 [0-9a-f]{64} is not Tiny"):
         datasets.prepare("tinyshakespeare", download, root)
-    assert list(root.iterdir()) == []
+    assert not root.exists()
     monkeypatch.setattr(datasets, "SHAKESPEARE_SHA256", _sha(text))
     dest = datasets.prepare("tinyshakespeare", download, root)
     assert (dest / "input.txt").read_bytes() == text
@@ -45,11 +45,26 @@ def test_shakespeare_is_verified_and_laid_out_whole(tmp_path, monkeypatch, capsy
     assert manifest["sha256"] == {"input.txt": _sha(text)}
     assert "input.txt: 61 characters, 27 distinct (sha256 verified)" in capsys.readouterr().out
     assert sorted(p.name for p in root.iterdir()) == ["tinyshakespeare"]  # no temporary left
+    # Copied: editing the download later cannot change the verified layout (--link shares it).
+    assert not (dest / "input.txt").samefile(download)
     # Prepared once: again is refused (one line), --force lays it out again.
     with pytest.raises(DataError, match=r"tinyshakespeare: already prepared \(--force"):
         datasets.prepare("tinyshakespeare", download, root)
-    datasets.prepare("tinyshakespeare", download, root, force=True)
+    datasets.prepare("tinyshakespeare", download, root, force=True, link=True)
     assert sorted(p.name for p in root.iterdir()) == ["tinyshakespeare"]
+    assert (dest / "input.txt").samefile(download)
+    assert json.loads((dest / datasets.MANIFEST).read_text())["linked"] is True
+    # A source inside the layout --force would replace is refused.
+    with pytest.raises(DataError, match=r"input.txt: inside \S+/tinyshakespeare, which --force"):
+        datasets.prepare("tinyshakespeare", dest / "input.txt", root, force=True)
+    # A folder prepare did not make is never touched, --force or not.
+    mine = tmp_path / "mine"
+    (mine / "tinyshakespeare").mkdir(parents=True)
+    (mine / "tinyshakespeare" / "notes.txt").write_text("keep me")
+    for force in (False, True):
+        with pytest.raises(DataError, match=r"tinyshakespeare: exists and was not made by prep"):
+            datasets.prepare("tinyshakespeare", download, mine, force=force)
+    assert (mine / "tinyshakespeare" / "notes.txt").read_text() == "keep me"
 
 
 def _deepdta_folder(root, drugs=3, proteins=4):
@@ -74,7 +89,7 @@ def test_davis_from_the_deepdta_repository_zip_picks_its_folder(tmp_path, monkey
     with zipfile.ZipFile(archive, "w") as z:
         for path in repo.rglob("*"):
             z.write(path, path.relative_to(tmp_path))
-    # With the published digests, the stand-in's Y is refused.
+    # With the published digests, the stand-in's files are refused (the first checked named).
     with pytest.raises(
         DataError,
         match=r"zip:DeepDTA-master/data/davis/ligands_can.txt: sha256 .* is not davis's ligands",
@@ -163,7 +178,25 @@ def test_movielens_zip_and_criteo_format_and_unsafe_archives(tmp_path, monkeypat
     monkeypatch.setitem(datasets.ARCHIVE_CHECKSUMS, "ml-100k.zip", ("md5", md5))
     with pytest.raises(DataError, match=r"u.data: 3 ratings; MovieLens-100k has 100,000"):
         datasets.prepare("ml-100k", archive, tmp_path / "data")
-    assert not (tmp_path / "data" / "ml-100k").exists()
+    assert not (tmp_path / "data").exists()  # nothing left, not even the root it made
+    # A zip without the dataset's files: the message names the zip, not the scratch folder.
+    empty = tmp_path / "ml-100k (1).zip"
+    with zipfile.ZipFile(empty, "w") as z:
+        z.writestr("readme.txt", "nothing here")
+    with pytest.raises(DataError, match=r"^\S+/ml-100k \(1\)\.zip: no u\.data in it"):
+        datasets.prepare("ml-100k", empty, tmp_path / "empty")
+    # Renamed, the official archive is still recognized by its digest, and the report says so.
+    renamed = tmp_path / "download.zip"
+    renamed.write_bytes(archive.read_bytes())
+    monkeypatch.setattr(datasets, "DATASETS", {
+        **datasets.DATASETS,
+        "ml-100k": datasets.dataclasses.replace(
+            datasets.DATASETS["ml-100k"], lay_out=lambda source, dest: ["laid out"]
+        ),
+    })  # fmt: skip
+    lines = []
+    datasets.prepare("ml-100k", renamed, tmp_path / "data", echo=lines.append)
+    assert lines == ["  download.zip: md5 verified (the official ml-100k.zip)", "  laid out"]
 
     line = "\t".join(["1", *["3"] * 13, *["68fd1e64"] * 26]) + "\n"
     good = tmp_path / "criteo" / "train.txt"
@@ -175,14 +208,29 @@ def test_movielens_zip_and_criteo_format_and_unsafe_archives(tmp_path, monkeypat
     with pytest.raises(DataError, match=r"^\S+/criteo/train.txt:2: 2 tab-separated fields; Crit"):
         datasets.prepare("criteo", good, tmp_path / "data", force=True)
 
-    evil = tmp_path / "evil.tar"
-    with tarfile.open(evil, "w") as t:
-        info = tarfile.TarInfo("../outside.txt")
-        info.size = 2
-        t.addfile(info, io.BytesIO(b"hi"))
-    with pytest.raises(DataError, match=r"'\.\./outside.txt' points outside the archive"):
-        datasets.prepare("tinyshakespeare", evil, tmp_path / "data")
-    assert not (tmp_path / "outside.txt").exists()
+    # Archive members that would land outside the scratch folder (deep enough to reach tmp_path
+    # from it), absolute ones and links are refused before anything is extracted.
+    escapes = [("../../../outside.txt", tarfile.REGTYPE), ("/tmp/outside.txt", tarfile.REGTYPE),
+               ("link", tarfile.SYMTYPE)]  # fmt: skip
+    for member, kind in escapes:
+        evil = tmp_path / "evil.tar"
+        with tarfile.open(evil, "w") as t:
+            info = tarfile.TarInfo(member)
+            info.type = kind
+            info.linkname = "../../../outside.txt" if kind == tarfile.SYMTYPE else ""
+            info.size = 0 if kind == tarfile.SYMTYPE else 2
+            t.addfile(info, io.BytesIO(b"hi") if kind == tarfile.REGTYPE else None)
+        with pytest.raises(
+            DataError, match=rf"evil.tar: member '{member}' (points outside|is not)"
+        ):
+            datasets.prepare("tinyshakespeare", evil, tmp_path / "evil")
+        assert not list(tmp_path.rglob("outside.txt")) and not (tmp_path / "evil").exists()
+    # A damaged gzip is one line too.
+    broken = tmp_path / "c2" / "train.txt.gz"
+    broken.parent.mkdir()
+    broken.write_bytes(gzip.compress(line.encode() * 50)[:-30])
+    with pytest.raises(DataError, match=r"train.txt.gz: damaged or not gzip"):
+        datasets.prepare("criteo", broken, tmp_path / "data2")
 
 
 def test_cli_lists_prepares_and_refuses_in_one_line(tmp_path, monkeypatch, capsys):
@@ -222,3 +270,6 @@ def test_configs_point_where_prepare_lays_out_and_say_how_when_missing(tmp_path,
     assert message.startswith("data.path: not found: data/davis; get davis with `python -m ")
     assert "hopperjax.data prepare davis --from FILE` (FILE: downloaded from https://" in message
     assert "\n" not in message
+    # Another root is named with --to; a path that is no dataset's layout gets no command.
+    assert "prepare davis --from FILE --to /scratch/x`" in datasets.not_found("/scratch/x/davis")
+    assert datasets.not_found("data/criteo/shards") == "not found: data/criteo/shards"

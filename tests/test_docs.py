@@ -13,6 +13,7 @@ from conftest import REPO
 
 import hopperjax
 from hopperjax.config import ConfigError
+from hopperjax.data import datasets
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -92,6 +93,9 @@ def test_commands_name_what_exists(page):
             assert importlib.util.find_spec(target) is not None, f"{where}: no module {target}"
         else:
             assert (REPO / target).is_file(), f"{where}: no script {target}"
+        if target == "hopperjax.data" and "prepare" in tokens:
+            name = (tokens[tokens.index("prepare") + 1 :] or ["NAME"])[0]
+            assert name == "NAME" or name in datasets.DATASETS, f"{where}: no dataset {name}"
         if "--config" not in tokens:
             continue
         config = tokens[tokens.index("--config") + 1]

@@ -548,12 +548,15 @@ def test_bar_mode_shows_the_bar_and_a_line_at_each_end_but_no_step_lines(tmp_pat
         lambda: Console(file=screen, force_terminal=True, width=120, highlight=False),
     )
     monkeypatch.setattr(metrics, "is_live", lambda console: True)
-    writer = metrics.MetricsWriter(tmp_path / "fp16", total_steps=10, console=False, bar=True)
+    writer = metrics.MetricsWriter(
+        tmp_path / "run{seed}[b]", total_steps=10, console=False, bar=True
+    )
     writer.info("not shown")
     writer.write({"step": 9, "loss": 2.5, "lr": 1e-3, "step_time_s": 0.1})
     writer.close()
     shown = screen.getvalue()
-    assert "fp16" in shown and "10/10" in shown and "loss 2.5000" in shown  # the bar, labelled
+    # The bar, labelled with the run's folder name as plain text (not markup, not a format).
+    assert "run{seed}[b]" in shown and "10/10" in shown and "loss 2.5000" in shown
     assert "step " not in shown and "not shown" not in shown
 
 
@@ -570,5 +573,6 @@ def test_summary_says_which_extra_brings_plots_and_tensorboard(tmp_path, monkeyp
     )
     records = [{"step": 0, "loss": 2.0}]
     lines = summary.summary_lines(tmp_path, records, [], [])
-    assert "  plots:       none without matplotlib (pip install 'hopperjax[viz]')" in lines
-    assert any(line.endswith("/tb   # pip install 'hopperjax[viz]'") for line in lines)
+    viz = "the viz extra: pip install -e '.[viz]'"
+    assert f"  plots:       none without matplotlib ({viz})" in lines
+    assert any(line.endswith(f"/tb   # {viz}") for line in lines)

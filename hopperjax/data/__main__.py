@@ -1,7 +1,7 @@
 """``python -m hopperjax.data``: lay out the public datasets the recipes use.
 
   python -m hopperjax.data list [--to DIR]
-  python -m hopperjax.data prepare NAME --from PATH [--to DIR] [--force]
+  python -m hopperjax.data prepare NAME --from PATH [--to DIR] [--force] [--link]
 
 ``PATH``: what you downloaded from the URL ``list`` shows (the archive, the file, or a folder
 holding it). ``DIR`` (default ``data``, in the current directory): where the configs look.
@@ -30,7 +30,14 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--from", dest="source", required=True,
                       help="the downloaded archive or file, or a folder holding it")  # fmt: skip
     prep.add_argument("--to", default=datasets.DEFAULT_ROOT, help="the data root")
-    prep.add_argument("--force", action="store_true", help="replace a layout already there")
+    prep.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a layout prepare made (never a folder it did not make)",
+    )
+    prep.add_argument("--link", action="store_true",
+                      help="hard-link the files instead of copying them (large downloads); the "
+                      "layout then shares them with the download")  # fmt: skip
     return parser
 
 
@@ -47,12 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"preparing {args.name} from {args.source}")
     try:
-        dest = datasets.prepare(args.name, args.source, args.to, force=args.force)
+        dest = datasets.prepare(args.name, args.source, args.to, force=args.force, link=args.link)
     except datasets.DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"error: {e.filename or args.source}: {e.strerror}", file=sys.stderr)
+        print(f"error: {e.filename or args.source}: {e.strerror or e}", file=sys.stderr)
         return 2
     dataset = datasets.get(args.name)
     print(f"ready: {dest} (data.path={args.to}/{dataset.config_path})")

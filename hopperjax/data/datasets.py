@@ -16,6 +16,7 @@ writes them into ``dest``, returning the lines of its report.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import datetime
 import gzip
@@ -26,6 +27,7 @@ import shutil
 import tarfile
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -101,17 +103,34 @@ def _require(root: Path, name: str, what: str, *, prefer: str | None = None) -> 
     return found
 
 
+_LINK: contextvars.ContextVar[bool] = contextvars.ContextVar("link", default=False)
+
+
 def _copy(source: Path, dest: Path) -> None:
+    """Copies (``prepare(link=True)``: hard-links where the file system allows)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    source = source.resolve()  # a plain-file download is reached through a symlink: the file
+    if _LINK.get():
+        try:
+            os.link(source, dest)
+            return
+        except OSError:
+            pass
+    shutil.copyfile(source, dest)
+
+
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    """A damaged or mislabelled compressed file as a one-line DataError naming it."""
     try:
-        os.link(source, dest)  # same file system: no second copy of a large file
-    except OSError:
-        shutil.copyfile(source, dest)
+        yield
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise DataError(f"{path}: damaged or not gzip ({e or type(e).__name__})") from None
 
 
 def _count_lines(path: Path) -> int:
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rb") as f:
+    with _reading(path), opener(path, "rb") as f:
         return sum(1 for _ in f)
 
 
@@ -296,7 +315,7 @@ def _movielens(source: Path, dest: Path) -> list[str]:
         if not (folder / name).is_file():
             raise DataError(f"{folder}: no {name} in it (MovieLens-100k's ml-100k has it)")
     for path in sorted(folder.iterdir()):
-        if path.is_file():
+        if path.is_file() and path.name != MANIFEST:
             _copy(path, dest / path.name)
     count = _count_lines(dest / "u.data")
     if count != 100_000:
@@ -315,7 +334,7 @@ def _criteo(source: Path, dest: Path) -> list[str]:
     if found is None:
         raise DataError(f"{source}: no train.txt in it (is this Criteo's Kaggle release?)")
     opener = gzip.open if found.name.endswith(".gz") else open
-    with opener(found, "rb") as f:
+    with _reading(found), opener(found, "rb") as f:
         for number, line in enumerate(f, 1):
             fields = line.rstrip(b"\r\n").split(b"\t")
             if len(fields) != CRITEO_FIELDS:
@@ -416,18 +435,20 @@ def get(name: str) -> Dataset:
 
 
 def prepare_command(dataset: Dataset, root: str = DEFAULT_ROOT) -> str:
-    to = "" if root == DEFAULT_ROOT else f" --to {root}"
+    to = "" if Path(root) == Path(DEFAULT_ROOT) else f" --to {root}"
     return f"python -m hopperjax.data prepare {dataset.name} --from FILE{to}"
 
 
 def not_found(path: str | os.PathLike) -> str:
-    """The message for a ``data.path`` that does not exist: for a known dataset's folder or file,
-    how to get it (one line)."""
+    """The message for a ``data.path`` that does not exist: where it is a dataset's layout
+    (``ROOT/<config_path>``), how to get it, ``--to ROOT`` included (one line)."""
     parts = Path(path).parts
     for d in DATASETS.values():
-        if d.name in parts:
+        tail = Path(d.config_path).parts
+        if len(parts) > len(tail) and parts[-len(tail) :] == tail:
+            root = str(Path(*parts[: -len(tail)]))
             return (
-                f"not found: {path}; get {d.name} with `{prepare_command(d)}` "
+                f"not found: {path}; get {d.name} with `{prepare_command(d, root)}` "
                 f"(FILE: downloaded from {d.download})"
             )
     return f"not found: {path}"
@@ -437,20 +458,28 @@ def not_found(path: str | os.PathLike) -> str:
 # Preparing
 
 
-def _safe_members(archive: tarfile.TarFile | zipfile.ZipFile) -> list[str]:
-    names = archive.getnames() if isinstance(archive, tarfile.TarFile) else archive.namelist()
-    for name in names:
+def _archive_members(archive: tarfile.TarFile | zipfile.ZipFile, source: Path) -> None:
+    """Refuses members that would land outside the extraction folder, or are not plain."""
+    if isinstance(archive, tarfile.TarFile):
+        members = [(m.name, m.isfile() or m.isdir()) for m in archive.getmembers()]
+    else:
+        members = [(name, True) for name in archive.namelist()]
+    for name, plain in members:
         p = Path(name)
         if p.is_absolute() or ".." in p.parts:
-            raise DataError(f"archive member {name!r} points outside the archive; not extracted")
-    return names
+            raise DataError(f"{source}: member {name!r} points outside the archive; not extracted")
+        if not plain:
+            raise DataError(f"{source}: member {name!r} is not a plain file; not extracted")
 
 
 @contextlib.contextmanager
-def _opened(source: Path, scratch: Path) -> Iterator[Path]:
-    """``source`` as a folder: an archive (.zip, .tar[.gz]) is verified (when its name is one
-    with a published checksum) and extracted into ``scratch``; a folder or a plain file is used
-    where it lies (a file through a folder holding only it)."""
+def _opened(source: Path, scratch: Path, notes: list[str]) -> Iterator[Path]:
+    """``source`` as a folder: an archive (.zip, .tar[.gz]) is extracted into ``scratch``; a
+    folder or a plain file is used where it lies (a file through a folder holding only it).
+
+    An archive named like an official one must have its published digest; one named otherwise
+    is recognized by its digest when it has one (a renamed download); ``notes`` says which.
+    """
     if source.is_dir():
         yield source
         return
@@ -458,23 +487,34 @@ def _opened(source: Path, scratch: Path) -> Iterator[Path]:
     if name in ARCHIVE_CHECKSUMS:
         algorithm, expected = ARCHIVE_CHECKSUMS[name]
         verify(source, algorithm, expected, name)
+        notes.append(f"{name}: {algorithm} verified")
+    elif name.endswith((".zip", ".tar", ".tar.gz", ".tgz")):
+        md5 = digest(source, "md5")
+        known = [n for n, (a, d) in ARCHIVE_CHECKSUMS.items() if a == "md5" and d == md5]
+        notes.append(
+            f"{name}: md5 verified (the official {known[0]})"
+            if known
+            else f"{name}: not an archive with a published checksum"
+        )
     if name.endswith(".zip"):
         try:
             with zipfile.ZipFile(source) as z:
-                _safe_members(z)
+                _archive_members(z, source)
                 z.extractall(scratch)
-        except zipfile.BadZipFile as e:
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
             raise DataError(f"{source}: not a readable zip ({e})") from None
         yield scratch
     elif name.endswith((".tar", ".tar.gz", ".tgz")):
         try:
             with tarfile.open(source) as t:
-                _safe_members(t)
-                for member in t.getmembers():
-                    if not (member.isfile() or member.isdir()):
-                        raise DataError(f"{source}: member {member.name} is not a plain file")
-                t.extractall(scratch)
-        except tarfile.TarError as e:
+                _archive_members(t, source)
+                if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4: refuses what we do too
+                    t.extractall(scratch, filter="data")
+                else:
+                    t.extractall(scratch)
+        except tarfile.FilterError as e:
+            raise DataError(f"{source}: member refused ({e}); not extracted") from None
+        except (tarfile.TarError, OSError, EOFError) as e:
             raise DataError(f"{source}: not a readable tar archive ({e})") from None
         yield scratch
     else:
@@ -484,49 +524,75 @@ def _opened(source: Path, scratch: Path) -> Iterator[Path]:
 
 def prepare(
     name: str, source: str | os.PathLike, root: str | os.PathLike = DEFAULT_ROOT, *,
-    force: bool = False, echo: Callable[[str], object] = print,
+    force: bool = False, link: bool = False, echo: Callable[[str], object] = print,
 ) -> Path:  # fmt: skip
     """Checks ``source`` and lays ``name`` out under ``root/name``; returns that folder.
 
+    Files are copied (``link``: hard-linked where the file system allows, so the layout shares
+    them with the download). ``force`` replaces a layout ``prepare`` made; a folder it did not
+    make is never touched.
+
     Raises DataError (one line, naming the file) for a missing or wrong source, a checksum
-    mismatch, wrong counts, or a layout already there (unless ``force``).
+    mismatch, wrong counts, a layout already there (unless ``force``), or a folder in the way.
     """
     dataset = get(name)
     source, root = Path(source), Path(root)
     if not source.exists():
         raise DataError(f"--from {source}: no such file or folder")
     dest = root / dataset.name
-    if dest.exists() and not force:
-        raise DataError(f"{dest}: already prepared (--force lays it out again)")
+    if dest.exists() or dest.is_symlink():
+        if not (dest / MANIFEST).is_file():
+            raise DataError(
+                f"{dest}: exists and was not made by prepare (no {MANIFEST}); move it away, or "
+                "prepare into another --to"
+            )
+        if not force:
+            raise DataError(f"{dest}: already prepared (--force lays it out again)")
+        if source.resolve().is_relative_to(dest.resolve()):
+            raise DataError(f"--from {source}: inside {dest}, which --force would replace")
+    if root.exists() and not root.is_dir():
+        raise DataError(f"--to {root}: not a folder")
+    made_root = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root, prefix=f".{dataset.name}.") as scratch:
-        scratch = Path(scratch)
-        build, unpacked = scratch / "build", scratch / "source"
-        build.mkdir()
-        unpacked.mkdir()
-        with _opened(source, unpacked) as folder:
-            try:
-                report = dataset.lay_out(folder, build)
-            except DataError as e:  # name the download, not the scratch folder it was opened in
-                message = str(e).replace(str(unpacked / source.name), str(source))
-                raise DataError(message.replace(f"{unpacked}/", f"{source}:")) from None
-        files = {
-            str(p.relative_to(build)): digest(p)
-            for p in sorted(build.rglob("*"))
-            if p.is_file() and dataset.name != "cifar10"  # 60,000 images: counts say enough
-        }
-        manifest = {
-            "dataset": dataset.name,
-            "source": str(source.resolve()),
-            "prepared": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "report": report,
-            "sha256": files,
-        }
-        (build / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        if dest.exists():
-            old = scratch / "old"
-            os.replace(dest, old)
-        os.replace(build, dest)
+    try:
+        with tempfile.TemporaryDirectory(dir=root, prefix=f".{dataset.name}.") as scratch:
+            scratch = Path(scratch)
+            build, unpacked = scratch / "build", scratch / "source"
+            build.mkdir()
+            unpacked.mkdir()
+            notes: list[str] = []
+            with _opened(source, unpacked, notes) as folder:
+                token = _LINK.set(link)
+                try:
+                    report = notes + dataset.lay_out(folder, build)
+                except DataError as e:  # name the download, not the scratch folder it opened in
+                    message = str(e).replace(str(unpacked / source.name), str(source))
+                    message = message.replace(f"{unpacked}/", f"{source}:")
+                    raise DataError(message.replace(str(unpacked), str(source))) from None
+                finally:
+                    _LINK.reset(token)
+            (build / MANIFEST).unlink(missing_ok=True)  # a source's own is not this layout's
+            files = {
+                str(p.relative_to(build)): digest(p)
+                for p in sorted(build.rglob("*"))
+                if p.is_file() and dataset.name != "cifar10"  # 60,000 images: counts say enough
+            }
+            manifest = {
+                "dataset": dataset.name,
+                "source": str(source.resolve()),
+                "prepared": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "linked": link,
+                "report": report,
+                "sha256": files,
+            }
+            (build / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+            if dest.exists():  # --force on a layout prepare made: set aside, then replaced
+                os.replace(dest, scratch / "old")
+            os.replace(build, dest)
+    except BaseException:
+        if made_root and root.is_dir() and not any(root.iterdir()):
+            root.rmdir()
+        raise
     for line in report:
         echo(f"  {line}")
     return dest

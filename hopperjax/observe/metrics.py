@@ -146,7 +146,9 @@ class MetricsWriter:
     ):
         self._enabled = enabled
         self._lines = console
-        self._label = Path(run_dir).name or "train"
+        # The bar's label: "train", or in bar-only mode (many runs, one after another) the run's
+        # folder name; shown as plain text, never as rich markup or a format string.
+        self._label = "train" if bar is None or console else (Path(run_dir).name or "train")
         bar = console if bar is None else bar
         self._examples_name = examples_name
         self._total = total_steps
@@ -207,7 +209,7 @@ class MetricsWriter:
 
     def _start_bar(self) -> None:
         self._progress = Progress(
-            TextColumn(self._label),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"),
@@ -217,7 +219,7 @@ class MetricsWriter:
             redirect_stderr=False,
         )
         self._task = self._progress.add_task(
-            "train", total=self._total, completed=self._resume_step, status=""
+            self._label, total=self._total, completed=self._resume_step, status=""
         )
         self._progress.start()
 

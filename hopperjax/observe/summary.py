@@ -43,7 +43,7 @@ def summary_lines(
         shown = ", ".join(str(s) for s in checkpoint_steps)
         lines.append(f"  checkpoints: {run_dir / 'checkpoints'} (steps {shown})")
     plots = run_dir / "plots"
-    viz = "pip install 'hopperjax[viz]'"
+    viz = "the viz extra: pip install -e '.[viz]'"
     if plots.is_dir():
         lines.append(f"  plots:       {plots}")
     elif importlib.util.find_spec("matplotlib") is None:

@@ -218,7 +218,8 @@ def _train(
     primary: bool,
 ) -> TrainResult:
     t = config.train
-    lines, bar = console is True, bool(console)  # "bar": start and end lines, the live bar
+    bar = bool(console)
+    lines = bar and console != "bar"  # "bar": a line at each end of the run, the live bar between
     build_start = time.perf_counter()
     with _phase(bar and primary, "reading the data, building the model"):
         parts = build_components(config, devices=devices)  # reads (and decodes) the data
@@ -340,7 +341,10 @@ def _train(
         if primary and lines:
             _finish_report(run_dir, parts, checkpointer, stopped_by=preemption.requested)
         elif primary and console == "bar":
-            print(f"hopperjax: {run_dir}: {_ending(history, time.perf_counter() - build_start)}")
+            ending = _ending(history, time.perf_counter() - build_start)
+            if preemption.requested is not None:
+                ending = f"stopped by {preemption.requested} (checkpointed) | {ending}"
+            print(f"hopperjax: {run_dir}: {ending}", flush=True)
     return TrainResult(
         state=state, run_dir=run_dir, history=history, compile_s=compile_s, data_s=build_s
     )
