@@ -373,7 +373,7 @@ DATASETS: dict[str, Dataset] = {
             "davis",
             "sha256 of each file (in hopperjax/data/datasets.py, DAVIS_SHA256)",
             _deepdta("davis", True, DAVIS_SHAPE, DAVIS_SHA256),
-            ("dta_davis.yaml",),
+            ("dta_davis.yaml", "dta_davis_gin.yaml"),
         ),
         Dataset(
             "kiba",
