@@ -40,9 +40,11 @@ from hopperjax.data import DevicePrefetcher
 from hopperjax.trainer import build_components
 
 # Published test-set figures of DeepDTA's setting 1, per dataset, recognized by its shape (drugs,
-# proteins, measured pairs). Davis: docs/dta.md. KIBA: DeepDTA (Öztürk et al.
-# 2018), KronRLS and SimBoost as DeepDTA reports them, GraphDTA (Nguyen et al. 2021) and MGraphDTA
-# as MGraphDTA's Table 3 (Yang et al. 2022) lists them.
+# proteins, measured pairs). Davis: DeepDTA (Öztürk et al. 2018), KronRLS and SimBoost as DeepDTA
+# reports them, GraphDTA (Nguyen et al. 2021) as MGraphDTA's Table 3 (Yang et al. 2022) and
+# MSGNN-DTA's Table 2 (Wang et al. 2023) list them, MSGNN-DTA from its own Table 2. KIBA: DeepDTA,
+# KronRLS and SimBoost as DeepDTA reports them, GraphDTA and MGraphDTA as MGraphDTA's Table 3
+# lists them.
 PUBLISHED = {
     "Davis": {
         "shape": (68, 442, 30_056),

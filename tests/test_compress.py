@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, TINY
 from jax.sharding import NamedSharding, PartitionSpec
 
 import hopperjax
@@ -401,7 +401,8 @@ def test_overlap_flags_are_known_to_this_xla(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["cpu"]
-    keys = ["train.steps=1", "train.eval_every=1", "train.eval_batches=1", "comm.overlap=off"]
+    keys = [*TINY, "train.steps=1", "train.eval_every=1", "train.eval_batches=1",
+            "comm.overlap=off"]  # fmt: skip
     command = [sys.executable, "-m", "hopperjax.train", "--config", QUICKSTART, *keys]
     done = subprocess.run(
         [*command, f"run_dir={tmp_path}"], capture_output=True, text=True, env=env, timeout=300

@@ -353,7 +353,9 @@ def test_converted_shards_hold_the_files_rows_and_train_the_same_batches(tmp_pat
 SPARSE_RUN = [*RUN, "model.sparse_updates=true", "optim.clip_norm=null", "optim.row_lr=0.1"]
 
 
-@pytest.mark.parametrize("placement", ["rows", "tables", "mixed"])
+# "mixed" holds both kinds (tables placed whole on devices and tables split by rows), so a
+# placement of whole tables only adds no path of its own (CI time).
+@pytest.mark.parametrize("placement", ["rows", "mixed"])
 def test_row_sparse_updates_equal_dense_row_wise_adagrad(placement, tmp_path):
     """Two steps with row-sparse tables against a dense reference: the table's full gradient
     from jax.grad, then row-wise Adagrad on every row (untouched rows get a zero step). The
