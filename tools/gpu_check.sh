@@ -30,16 +30,18 @@ WHEELS=(grain==0.2.18 array-record==0.8.6 portpicker==1.6.0 tensorboardX==2.6.5
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
   grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
   grep -qxF '/.data/' .git/info/exclude 2>/dev/null || echo '/.data/' >> .git/info/exclude
-  if [[ -d ../shared/data/davis ]]; then
-    mkdir -p .data && rm -rf .data/davis && cp -r ../shared/data/davis .data/davis
-  fi
-  if [[ -d ../shared/data/multi30k ]]; then
-    mkdir -p .data && rm -rf .data/multi30k && cp -r ../shared/data/multi30k .data/multi30k
-  fi
+  # The datasets from where `python -m hopperjax.data prepare` put them (data/NAME), else from
+  # the shared folder beside the checkout.
+  source_of() { if [[ -d data/$1 ]]; then echo "data/$1"; else echo "../shared/data/$1"; fi; }
+  for name in davis multi30k; do
+    if [[ -d $(source_of $name) ]]; then
+      mkdir -p .data && rm -rf ".data/$name" && cp -rL "$(source_of $name)" ".data/$name"
+    fi
+  done
   # CIFAR-10's 60,000 JPEGs (57 MB) as one file of their bytes and an index: the files one by
   # one would not fit the 64 MiB a device call carries (tar or zip headers add 7-35 MB).
-  if [[ -d ../shared/data/cifar10 ]]; then
-    mkdir -p .data && python3 - ../shared/data/cifar10 .data/cifar10 <<'PY' || exit 1
+  if [[ -d $(source_of cifar10) ]]; then
+    mkdir -p .data && python3 - "$(source_of cifar10)" .data/cifar10 <<'PY' || exit 1
 import gzip, json, pathlib, sys
 root, dest = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".jpg", ".png"))
