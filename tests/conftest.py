@@ -57,8 +57,33 @@ def tiny_config(tmp_path):
     return make
 
 
+# The longest tests (10-40 s each on 2 CPU cores), dispatched first: with two xdist workers a
+# long test that starts last leaves the other worker idle until it ends.
+LONGEST_FIRST = (
+    "test_multiprocess.py::",
+    "test_precision.py::test_policies_reach_the_fp32_eval_loss",
+    "test_mig_launch.py::",
+    "test_recommendation.py::test_row_sparse_updates_equal_dense_row_wise_adagrad",
+    "test_workload_contract.py::test_trains_evaluates_resumes_exactly_and_restores_params",
+    "test_mol_graphs.py::test_gin_reads_the_molecule",
+    "test_memory.py::test_fp8_microbatches_combine_amax_by_max",
+    "test_bench_loop.py::",
+    "test_images.py::test_imagenet_recipe_trains",
+    "test_memory.py::test_find_batch_cli",
+    "test_experiments.py::",
+    "test_compress.py::",
+)
+
+
+def _dispatch_rank(item) -> int:
+    path = item.nodeid.rpartition("tests/")[2]
+    return next((i for i, p in enumerate(LONGEST_FIRST) if path.startswith(p)), len(LONGEST_FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` are skipped, with the backend named, where JAX has no GPU."""
+    """The longest tests first (``LONGEST_FIRST``), the rest in file order; tests marked ``gpu``
+    are skipped, with the backend named, where JAX has no GPU."""
+    items.sort(key=_dispatch_rank)  # stable: file order within each rank
     backend = jax.default_backend()
     if backend == "gpu":
         return
