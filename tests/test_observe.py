@@ -508,7 +508,9 @@ def test_end_of_run_summary_and_plots(tmp_path):
     assert any(c.strip().startswith("tensorboard --logdir") for c in nexts)
 
 
-def test_a_terminal_gets_a_live_progress_bar(tmp_path, monkeypatch):
+@pytest.fixture
+def terminal(monkeypatch):
+    """A fake 120-column terminal the metrics writer animates; returns what it was shown."""
     import io
 
     from rich.console import Console
@@ -522,39 +524,34 @@ def test_a_terminal_gets_a_live_progress_bar(tmp_path, monkeypatch):
         lambda: Console(file=screen, force_terminal=True, width=120, highlight=False),
     )
     monkeypatch.setattr(metrics, "is_live", lambda console: True)
+    return screen
+
+
+def test_a_terminal_gets_a_live_progress_bar(tmp_path, terminal):
+    from hopperjax.observe import metrics
+
     writer = metrics.MetricsWriter(tmp_path, total_steps=10, examples_name="tokens")
     assert writer._progress is None  # nothing live before the first record
     for step in (4, 9):
         writer.write({"step": step, "loss": 2.5, "lr": 1e-3, "step_time_s": 0.1,
                       "tokens_per_s": 1000.0, "eta_s": 65.0})  # fmt: skip
     writer.close()
-    shown = screen.getvalue()
+    shown = terminal.getvalue()
     assert "10/10" in shown and "1,000 tokens/s | eta 0:01:05" in shown  # redrawn on a timer
     assert "step       5/10 | loss 2.5000" in shown  # the plain lines still print above it
 
 
-def test_bar_mode_shows_the_bar_and_a_line_at_each_end_but_no_step_lines(tmp_path, monkeypatch):
+def test_bar_mode_shows_the_bar_and_a_line_at_each_end_but_no_step_lines(tmp_path, terminal):
     """``train(console="bar")``, what the experiments use for their many runs."""
-    import io
-
-    from rich.console import Console
-
     from hopperjax.observe import metrics
 
-    screen = io.StringIO()
-    monkeypatch.setattr(
-        metrics,
-        "make_console",
-        lambda: Console(file=screen, force_terminal=True, width=120, highlight=False),
-    )
-    monkeypatch.setattr(metrics, "is_live", lambda console: True)
     writer = metrics.MetricsWriter(
         tmp_path / "run{seed}[b]", total_steps=10, console=False, bar=True
     )
     writer.info("not shown")
     writer.write({"step": 9, "loss": 2.5, "lr": 1e-3, "step_time_s": 0.1})
     writer.close()
-    shown = screen.getvalue()
+    shown = terminal.getvalue()
     # The bar, labelled with the run's folder name as plain text (not markup, not a format).
     assert "run{seed}[b]" in shown and "10/10" in shown and "loss 2.5000" in shown
     assert "step " not in shown and "not shown" not in shown
