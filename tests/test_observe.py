@@ -573,3 +573,17 @@ def test_summary_says_which_extra_brings_plots_and_tensorboard(tmp_path, monkeyp
     viz = "the viz extra: pip install -e '.[viz]'"
     assert f"  plots:       none without matplotlib ({viz})" in lines
     assert any(line.endswith(f"/tb   # {viz}") for line in lines)
+
+
+def test_tensorboard_counts_updates_done_like_the_console(tmp_path):
+    """Train record s (update s) at s + 1 on TensorBoard's axis, beside the eval made after it."""
+    from hopperjax.observe import metrics
+
+    writer = metrics.MetricsWriter(tmp_path, total_steps=10, console=False)
+    seen = []
+    writer._tb.add_scalar = lambda tag, value, step: seen.append((tag, step))
+    writer.write({"step": 9, "loss": 2.5, "lr": 1e-3, "step_time_s": 0.1})
+    writer.write({"step": 10, "eval_loss": 2.4})
+    writer.close()
+    assert ("train/loss", 10) in seen and ("eval/loss", 10) in seen
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["step"] == 9

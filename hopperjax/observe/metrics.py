@@ -190,9 +190,12 @@ class MetricsWriter:
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
         step = int(record["step"])
+        # On TensorBoard's axis, as on the console, a train record of update s stands at s + 1
+        # (updates done), beside the eval record made after the same update.
+        done = step if "eval_loss" in record else step + 1
         for key, value in record.items():
             if key != "step" and isinstance(value, (int, float)) and math.isfinite(value):
-                self._tb.add_scalar(tb_tag(key), value, step)
+                self._tb.add_scalar(tb_tag(key), value, done)
         self._tb.flush()
         if self._console is not None and self._lines:
             self._console.print(_format_console(record, self._total, self._examples_name))
