@@ -142,3 +142,27 @@ def test_multi_device_commands_say_how_to_get_the_devices_on_a_cpu(page):
                 assert "XLA_FLAGS=--xla_force_host_platform_device_count=" in line, (
                     f"{page.name}: `{line.strip()}` needs the fake-devices flag on a CPU"
                 )
+
+
+# Dotted names in the docs that are not config keys: the inspect report's fields, a placeholder.
+NOT_KEYS = {"offload.activations_to_host_per_step", "offload.state_bytes_per_device", "model.x"}
+FILE_SUFFIX = re.compile(r"\.(gz|txt|yaml|yml|py|md|json|png|csv|tsv|bin|jsonl|model)$")
+
+
+def test_every_config_key_the_docs_name_exists():
+    """A backticked ``group.key`` of a config group is a key of some workload's schema (so a
+    renamed or removed key cannot linger in the docs)."""
+    from hopperjax import config as config_lib
+    from hopperjax import workloads
+
+    known = {k for w in workloads.names() for k in config_lib.all_keys(workload=w)}
+    groups = {k.split(".")[0] for k in known if "." in k}
+    named = 0
+    for page in PAGES:
+        for span in re.findall(r"`([^`\n]+)`", FENCE.sub("", page.read_text())):
+            for key in re.findall(r"(?<![\w./-])([a-z_]+(?:\.[a-z_0-9]+)+)(?==|\b)", span):
+                if key.split(".")[0] not in groups or FILE_SUFFIX.search(key):
+                    continue
+                named += 1
+                assert key in known or key in NOT_KEYS, f"{page.name}: `{span}`: no key {key}"
+    assert named > 200  # the check sees the docs' keys
