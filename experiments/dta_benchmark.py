@@ -108,6 +108,10 @@ def predict(parts, state) -> tuple[np.ndarray, np.ndarray]:
     return joined["affinity"][keep], joined["prediction"][keep]
 
 
+class FoldStopped(Exception):
+    """A fold's training stopped before its last step (SIGTERM, Ctrl-C)."""
+
+
 def run_fold(config_path: str, overrides: list[str], fold: int, out: Path) -> dict:
     base = hopperjax.load_config(
         config_path, [*overrides, f"data.valid_fold={fold}", f"run_dir={out / f'fold{fold}'}"]
@@ -123,6 +127,8 @@ def run_fold(config_path: str, overrides: list[str], fold: int, out: Path) -> di
     start = time.perf_counter()
     result = hopperjax.train(config, console="bar")
     train_s = time.perf_counter() - start
+    if int(result.state.step) < t.steps:  # stopped by a signal: nothing to score
+        raise FoldStopped(f"fold {fold}: stopped at step {int(result.state.step)} of {t.steps}")
     step_times = [r["step_time_s"] for r in result.history if "step_time_s" in r]
     evals = [r for r in result.history if "eval_mse" in r]
     best = min(evals, key=lambda r: r["eval_mse"])
@@ -231,7 +237,12 @@ def main(argv: list[str] | None = None) -> int:
         if (out / f"fold{fold}").exists():
             print(f"fold {fold}: discarding an unfinished run", flush=True)
             shutil.rmtree(out / f"fold{fold}")
-        r = done[fold] = run_fold(args.config, overrides, fold, out)
+        try:
+            r = done[fold] = run_fold(args.config, overrides, fold, out)
+        except FoldStopped as e:
+            print(f"{e}; the same command goes on (the finished folds are kept, this one starts "
+                  "again: its wall time must be one run)", flush=True)  # fmt: skip
+            return 130
         print(f"fold {fold}: best step {r['best_step']}, valid MSE {r['valid']['mse']:.4f}, "
               f"test MSE {r['test']['mse']:.4f} CI {r['test']['ci']:.4f} "
               f"rm2 {r['test']['rm2']:.4f}; {r['wall_s']:.0f} s wall, {r['step_s']:.3f} s/step",

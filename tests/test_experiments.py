@@ -63,6 +63,15 @@ def test_dta_benchmark_keeps_finished_folds_and_restarts_unfinished(tmp_path, mo
     out = capsys.readouterr().out
     assert "fold 0: kept" in out and "fold 1: discarding an unfinished run" in out
 
+    # A fold stopped by a signal (SIGTERM, Ctrl-C): one line, the finished folds kept.
+    def stopped(config_path, overrides, fold, out):
+        raise benchmark.FoldStopped(f"fold {fold}: stopped at step 1 of 8000")
+
+    monkeypatch.setattr(benchmark, "run_fold", stopped)
+    assert benchmark.main(["--data", "unused", "--folds", "0,1,2", "--out", str(tmp_path)]) == 130
+    assert "fold 2: stopped at step 1 of 8000; the same command goes on" in capsys.readouterr().out
+    assert [r["fold"] for r in json.loads((tmp_path / "results.json").read_text())] == [0, 1]
+
 
 def test_dta_benchmark_table_lists_the_published_numbers_of_its_dataset_only(tmp_path):
     benchmark = load_script("dta_benchmark")
