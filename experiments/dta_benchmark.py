@@ -127,8 +127,9 @@ def run_fold(config_path: str, overrides: list[str], fold: int, out: Path) -> di
     start = time.perf_counter()
     result = hopperjax.train(config, console="bar")
     train_s = time.perf_counter() - start
-    if int(result.state.step) < t.steps:  # stopped by a signal: nothing to score
-        raise FoldStopped(f"fold {fold}: stopped at step {int(result.state.step)} of {t.steps}")
+    end = t.stop_after or t.steps
+    if int(result.state.step) < end:  # stopped by a signal: nothing to score
+        raise FoldStopped(f"fold {fold}: stopped at step {int(result.state.step)} of {end}")
     step_times = [r["step_time_s"] for r in result.history if "step_time_s" in r]
     evals = [r for r in result.history if "eval_mse" in r]
     best = min(evals, key=lambda r: r["eval_mse"])
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         except FoldStopped as e:
             print(f"{e}; the same command goes on (the finished folds are kept, this one starts "
                   "again: its wall time must be one run)", flush=True)  # fmt: skip
-            return 130
+            return 0  # as the train command after a signal: stopped cleanly
         print(f"fold {fold}: best step {r['best_step']}, valid MSE {r['valid']['mse']:.4f}, "
               f"test MSE {r['test']['mse']:.4f} CI {r['test']['ci']:.4f} "
               f"rm2 {r['test']['rm2']:.4f}; {r['wall_s']:.0f} s wall, {r['step_s']:.3f} s/step",

@@ -160,7 +160,7 @@ def test_every_config_key_the_docs_name_exists():
     named = 0
     for page in PAGES:
         for span in re.findall(r"`([^`\n]+)`", FENCE.sub("", page.read_text())):
-            for key in re.findall(r"(?<![\w./-])([a-z_]+(?:\.[a-z_0-9]+)+)(?==|\b)", span):
+            for key in re.findall(r"(?<![\w./-])([a-z_][a-z_0-9]*(?:\.[a-z_0-9]+)+)(?==|\b)", span):
                 if key.split(".")[0] not in groups or FILE_SUFFIX.search(key):
                     continue
                 named += 1

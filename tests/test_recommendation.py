@@ -365,7 +365,7 @@ def test_row_sparse_updates_equal_dense_row_wise_adagrad(placement, tmp_path):
     from hopperjax.data import to_global_batch
     from hopperjax.trainer import build_components
 
-    placed = {"rows": [], "tables": PLACED, "mixed": [*PLACED, "model.table_wise_max_rows=48"]}
+    placed = {"rows": [], "mixed": [*PLACED, "model.table_wise_max_rows=48"]}
     placed = placed[placement]
     config = hopperjax.load_config(None, [*SPARSE_RUN, *placed, "mesh.data=2", "mesh.tensor=4",
                                           f"run_dir={tmp_path}"])  # fmt: skip

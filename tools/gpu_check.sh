@@ -40,8 +40,11 @@ if [[ "${1:-}" == "--fetch-wheels" ]]; then
   done
   # CIFAR-10's 60,000 JPEGs (57 MB) as one file of their bytes and an index: the files one by
   # one would not fit the 64 MiB a device call carries (tar or zip headers add 7-35 MB).
-  if [[ -d $(source_of cifar10) ]]; then
-    mkdir -p .data && python3 - "$(source_of cifar10)" .data/cifar10 <<'PY' || exit 1
+  # The JPEG copy first: prepare's PNG folders (lossless) pack to ~130 MB, too much to carry.
+  cifar=../shared/data/cifar10
+  [[ -d $cifar ]] || cifar=data/cifar10
+  if [[ -d $cifar ]]; then
+    mkdir -p .data && python3 - "$cifar" .data/cifar10 <<'PY' || exit 1
 import gzip, json, pathlib, sys
 root, dest = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".jpg", ".png"))
@@ -52,6 +55,9 @@ with open(f"{dest}.pack", "wb") as pack:
         pack.write(data)
         index.append([str(p.relative_to(root)), len(data)])
 pathlib.Path(f"{dest}.index.json.gz").write_bytes(gzip.compress(json.dumps(index).encode()))
+size = pathlib.Path(f"{dest}.pack").stat().st_size
+if size > 60 * 2**20:
+    sys.exit(f"{dest}.pack is {size / 2**20:.0f} MiB: over what a device call carries (64 MiB)")
 print(f"packed {len(index):,} images into {dest}.pack")
 PY
   fi
