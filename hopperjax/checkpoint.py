@@ -21,7 +21,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 import re
 import shutil
@@ -40,7 +39,6 @@ from hopperjax import files
 MANIFEST = "manifest.json"
 # Where checkpoints that fail verification are moved (beside ``checkpoints/``), kept for a look.
 DAMAGED = "checkpoints.damaged"
-_CHUNK = 1 << 22
 # The operating system's reason inside orbax/tensorstore's long error texts.
 _OS_ERRORS = re.compile(
     r"No space left on device|Disk quota exceeded|Read-only file system|Permission denied"
@@ -115,14 +113,6 @@ class CheckpointError(Exception):
     """A checkpoint that cannot be written, or no checkpoint that verifies; one line."""
 
 
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _files(step_dir: Path) -> list[Path]:
     return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
 
@@ -144,7 +134,7 @@ def write_manifest(
     for p in _files(step_dir):
         name = str(p.relative_to(step_dir))
         if name not in entries and name not in skip:
-            entries[name] = {"bytes": p.stat().st_size, "sha256": _digest(p)}
+            entries[name] = {"bytes": p.stat().st_size, "sha256": files.digest(p)}
     files.write_text(step_dir / MANIFEST, json.dumps({"files": entries}, indent=1) + "\n")
 
 
@@ -164,7 +154,7 @@ def verify(step_dir: Path) -> str | None:
         size = path.stat().st_size
         if size != want["bytes"]:
             return f"{name} has {size} bytes, not {want['bytes']}"
-        if _digest(path) != want["sha256"]:
+        if files.digest(path) != want["sha256"]:
             return f"{name} does not match its checksum"
     return None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,15 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+
+
+def digest(path: Path, algorithm: str = "sha256") -> str:
+    """The hex digest of a file's bytes (read in 1 MiB blocks)."""
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
 
 
 def write_text(path: Path, text: str) -> None:

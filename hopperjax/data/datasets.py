@@ -20,7 +20,6 @@ import contextvars
 import dataclasses
 import datetime
 import gzip
-import hashlib
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hopperjax.data.errors import DataError
+from hopperjax.files import digest
 
 DEFAULT_ROOT = "data"
 MANIFEST = "PREPARED.json"
@@ -58,14 +58,6 @@ class Dataset:
 
 # ---------------------------------------------------------------------------------------------
 # Checks shared by the datasets
-
-
-def digest(path: Path, algorithm: str = "sha256") -> str:
-    h = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def verify(path: Path, algorithm: str, expected: str, what: str) -> None:
