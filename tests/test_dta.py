@@ -601,3 +601,50 @@ def test_standardize_reads_the_same_statistics_from_shards(tmp_path):
         stats[source] = workload.target_stats
     assert stats["deepdta"][1] > 0.1
     np.testing.assert_allclose(stats["shards"], stats["deepdta"], rtol=1e-6)
+
+
+def test_rank_loss_is_the_mean_logistic_loss_over_ordered_pairs():
+    """data.rank_weight's term against a loop over every pair: ties in the target and padding
+    (weight 0) take no part, weights multiply, and a batch predicted in the true order scores
+    below the same predictions reversed."""
+    rng = np.random.default_rng(0)
+    target = np.round(rng.normal(size=12), 1).astype(np.float32)
+    target[:4] = 5.0  # a block of ties, as Davis's censored pKd 5.0
+    prediction = rng.normal(size=12).astype(np.float32)
+    weight = np.ones(12, np.float32)
+    weight[-2:] = 0.0
+    weight[3] = 2.0
+    total = norm = 0.0
+    for i in range(12):
+        for j in range(12):
+            if target[i] > target[j]:
+                w = float(weight[i] * weight[j])
+                total += w * math.log1p(math.exp(float(prediction[j] - prediction[i])))
+                norm += w
+    got = dta_workload.rank_loss(prediction, target, weight)
+    assert float(got) == pytest.approx(total / norm, rel=1e-5)
+    ordered = dta_workload.rank_loss(target, target, weight)
+    assert float(ordered) < float(dta_workload.rank_loss(-target, target, weight))
+
+
+def test_rank_weight_adds_the_ranking_term_to_the_standardized_mse(tmp_path):
+    """The train loss with data.rank_weight=w is the MSE loss plus w times rank_loss of the
+    predictions in standard deviations; 0 leaves the MSE loss alone."""
+    losses = {}
+    for w in (0.0, 0.5):
+        config = dta_config(tmp_path, "data.standardize=true", f"data.rank_weight={w}")
+        workload = dta_workload.AffinityRegression(config)
+        workload.build_datasets(ProcessShard(0, 1))
+        batch = {
+            "affinity": np.array([5.0, 6.0, 7.5, 5.0], np.float32),
+            "weight": np.array([1.0, 1.0, 1.0, 0.0], np.float32),
+        }
+        outputs = np.array([5.5, 5.2, 8.0, 9.0], np.float32)
+        losses[w] = float(workload.loss(outputs, batch))
+    std = workload.target_stats[1]
+    mse = ((0.5**2 + 0.8**2 + 0.5**2) / 3) / std**2
+    assert losses[0.0] == pytest.approx(mse, rel=1e-5)
+    rank = dta_workload.rank_loss(outputs / std, batch["affinity"], batch["weight"])
+    assert losses[0.5] == pytest.approx(mse + 0.5 * float(rank), rel=1e-5)
+    with pytest.raises(hopperjax.ConfigError, match=r"data\.rank_weight"):
+        dta_workload.AffinityRegression.validate_config(dta_config(tmp_path, "data.rank_weight=-1"))
