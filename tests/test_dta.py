@@ -648,3 +648,37 @@ def test_rank_weight_adds_the_ranking_term_to_the_standardized_mse(tmp_path):
     assert losses[0.5] == pytest.approx(mse + 0.5 * float(rank), rel=1e-5)
     with pytest.raises(hopperjax.ConfigError, match=r"data\.rank_weight"):
         dta_workload.AffinityRegression.validate_config(dta_config(tmp_path, "data.rank_weight=-1"))
+
+
+def test_rank_scale_batch_orders_without_rewarding_spread(tmp_path):
+    """data.rank_scale=batch: the ranking term of the predictions standardized by their own
+    (weighted) mean and std, so it is the same for every scale and offset of the predictions,
+    and its gradient has no component along them: the MSE alone sets those."""
+    config = dta_config(
+        tmp_path, "data.standardize=true", "data.rank_weight=1.0", "data.rank_scale=batch"
+    )
+    workload = dta_workload.AffinityRegression(config)
+    workload.build_datasets(ProcessShard(0, 1))
+    std = workload.target_stats[1]
+    batch = {
+        "affinity": np.array([5.0, 6.0, 7.5, 5.0, 8.0], np.float32),
+        "weight": np.array([1.0, 1.0, 1.0, 1.0, 0.0], np.float32),
+    }
+    outputs = np.array([5.5, 5.2, 8.0, 6.0, 30.0], np.float32)
+
+    def rank_term(p):
+        mse = (batch["weight"] * (p - batch["affinity"]) ** 2).sum() / 4 / std**2
+        return workload.loss(p, batch) - mse
+
+    kept = outputs[:4]
+    want = dta_workload.rank_loss(
+        (kept - kept.mean()) / kept.std(), batch["affinity"][:4], np.ones(4, np.float32)
+    )
+    assert float(rank_term(outputs)) == pytest.approx(float(want), rel=1e-4)
+    scaled = np.where(batch["weight"] > 0, 3.0 * outputs - 7.0, outputs)
+    assert float(rank_term(scaled)) == pytest.approx(float(want), rel=1e-4)
+    grad = np.asarray(jax.grad(rank_term)(jax.numpy.asarray(outputs)))
+    assert abs(float(grad @ (outputs * batch["weight"]))) < 1e-4  # no pull on the scale
+    assert abs(float(grad.sum())) < 1e-4  # nor on the offset
+    assert grad[-1] == 0.0  # padding takes no part
+    assert np.abs(grad).max() > 1e-3

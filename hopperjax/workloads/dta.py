@@ -60,8 +60,11 @@ class AffinityData(config_lib.DataConfig):
     encoder needs molecules RDKit parses) instead of random SMILES characters.
     ``rank_weight``: adds that weight times a pairwise ranking loss to the MSE: over every pair
     of a batch's pairs whose affinities differ, the logistic loss of the predicted difference
-    (in standard deviations) having the true difference's sign, averaged; the concordance index
-    scores exactly that order (0: the MSE alone).
+    having the true difference's sign, averaged; the concordance index scores exactly that order
+    (0: the MSE alone). ``rank_scale``: the unit of the predicted differences: ``sd`` (the
+    training split's standard deviation: the term also rewards spreading predictions apart) or
+    ``batch`` (the batch's own predictions' standard deviation: the term is blind to the
+    predictions' scale and offset, which the MSE alone sets, and only orders them).
     """
 
     source: Literal["deepdta", "csv", "synthetic", "shards"] = "deepdta"
@@ -84,6 +87,7 @@ class AffinityData(config_lib.DataConfig):
     synthetic_proteins: int = 500
     synthetic_smiles: bool = False
     rank_weight: float = 0.0
+    rank_scale: Literal["sd", "batch"] = "sd"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -560,9 +564,13 @@ class AffinityRegression(Workload):
         mse = (w * (outputs - batch["affinity"]) ** 2).sum() / jnp.maximum(w.sum(), 1.0)
         loss = mse / self._std() ** 2
         if self.config.data.rank_weight:
-            loss += self.config.data.rank_weight * rank_loss(
-                outputs / self._std(), batch["affinity"], w
-            )
+            if self.config.data.rank_scale == "batch":
+                mean = (w * outputs).sum() / jnp.maximum(w.sum(), 1.0)
+                var = (w * (outputs - mean) ** 2).sum() / jnp.maximum(w.sum(), 1.0)
+                scaled = (outputs - mean) * jax.lax.rsqrt(var + 1e-6)
+            else:
+                scaled = outputs / self._std()
+            loss += self.config.data.rank_weight * rank_loss(scaled, batch["affinity"], w)
         return loss
 
     def eval_outputs(self, outputs: jax.Array, batch: Any) -> dict[str, jax.Array]:
