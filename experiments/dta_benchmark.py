@@ -231,15 +231,23 @@ def main(argv: list[str] | None = None) -> int:
     folds = [int(f) for f in args.folds.split(",")]
     results = out / "results.json"
     done = {r["fold"]: r for r in json.loads(results.read_text())} if results.exists() else {}
+    recipe = {"config": args.config, "overrides": overrides}
     for fold in folds:
         if fold in done:
+            kept = {k: done[fold][k] for k in recipe if k in done[fold]}
+            if kept and kept != recipe:  # runs before this check did not record theirs
+                ran = f"--config {kept['config']} {' '.join(kept['overrides'])}"
+                asked = f"--config {args.config} {' '.join(overrides)}"
+                print(f"{results}: fold {fold} ran {ran}, not {asked}; give this recipe another "
+                      "--out", file=sys.stderr)  # fmt: skip
+                return 2
             print(f"fold {fold}: kept from {results}", flush=True)
             continue
         if (out / f"fold{fold}").exists():
             print(f"fold {fold}: discarding an unfinished run", flush=True)
             shutil.rmtree(out / f"fold{fold}")
         try:
-            r = done[fold] = run_fold(args.config, overrides, fold, out)
+            r = done[fold] = {**recipe, **run_fold(args.config, overrides, fold, out)}
         except FoldStopped as e:
             print(f"{e}; the same command goes on (the finished folds are kept, this one starts "
                   "again: its wall time must be one run)", flush=True)  # fmt: skip

@@ -646,6 +646,12 @@ def test_rank_weight_adds_the_ranking_term_to_the_standardized_mse(tmp_path):
     assert losses[0.0] == pytest.approx(mse, rel=1e-5)
     rank = dta_workload.rank_loss(outputs / std, batch["affinity"], batch["weight"])
     assert losses[0.5] == pytest.approx(mse + 0.5 * float(rank), rel=1e-5)
+    for overrides, key in (
+        (["data.rank_weight=1", "data.standardize=false"], "data.rank_scale"),
+        (["data.rank_scale=batch"], "data.rank_scale"),
+    ):
+        with pytest.raises(hopperjax.ConfigError, match=key.replace(".", r"\.")):
+            dta_workload.AffinityRegression.validate_config(dta_config(tmp_path, *overrides))
     with pytest.raises(hopperjax.ConfigError, match=r"data\.rank_weight"):
         dta_workload.AffinityRegression.validate_config(dta_config(tmp_path, "data.rank_weight=-1"))
 

@@ -72,6 +72,18 @@ def test_dta_benchmark_keeps_finished_folds_and_restarts_unfinished(tmp_path, mo
     assert "fold 2: stopped at step 1 of 8000; the same command goes on" in capsys.readouterr().out
     assert [r["fold"] for r in json.loads((tmp_path / "results.json").read_text())] == [0, 1]
 
+    # Fold 1 recorded its recipe (fold 0 predates the record and is kept as it is): another
+    # recipe in the same --out is one line naming both, not a table mixing the two.
+    assert json.loads((tmp_path / "results.json").read_text())[1]["overrides"] == [
+        "data.path=unused"
+    ]
+    capsys.readouterr()
+    argv = ["--data", "unused", "--folds", "0,1", "--out", str(tmp_path), "data.rank_weight=1"]
+    assert benchmark.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "fold 1 ran --config configs/dta_davis.yaml" in err
+    assert "data.rank_weight=1; give this recipe another --out" in err
+
 
 def test_dta_benchmark_table_lists_the_published_numbers_of_its_dataset_only(tmp_path):
     benchmark = load_script("dta_benchmark")

@@ -62,7 +62,8 @@ class AffinityData(config_lib.DataConfig):
     of a batch's pairs whose affinities differ, the logistic loss of the predicted difference
     having the true difference's sign, averaged; the concordance index scores exactly that order
     (0: the MSE alone). ``rank_scale``: the unit of the predicted differences: ``sd`` (the
-    training split's standard deviation: the term also rewards spreading predictions apart) or
+    training split's standard deviation, so it needs ``standardize``: the term also rewards
+    spreading predictions apart) or
     ``batch`` (the batch's own predictions' standard deviation: the term is blind to the
     predictions' scale and offset, which the MSE alone sets, and only orders them).
     """
@@ -388,6 +389,14 @@ class AffinityRegression(Workload):
         config_lib.positive("data.group_mix", d.group_mix)
         if d.rank_weight < 0:
             raise ConfigError("data.rank_weight", f"expected a weight >= 0, got {d.rank_weight}")
+        if d.rank_scale != "sd" and not d.rank_weight:
+            raise ConfigError("data.rank_scale", "has no effect without data.rank_weight > 0")
+        if d.rank_weight and d.rank_scale == "sd" and not d.standardize:
+            raise ConfigError(
+                "data.rank_scale",
+                "'sd' measures differences in the training split's standard deviations, which "
+                "data.standardize=true computes; set it, or use data.rank_scale=batch",
+            )
         if not 0 <= d.valid_fold < 5:
             raise ConfigError(
                 "data.valid_fold", f"expected a DeepDTA fold 0..4, got {d.valid_fold}"
