@@ -2,12 +2,14 @@
 
     python experiments/dta_benchmark.py --data data/davis
         [--config configs/dta_davis.yaml]
-        [--folds 0,1,2,3,4] [--out runs/dta_benchmark] [key=value ...]
+        [--folds 0,1,2,3,4] [--out runs/dta_benchmark] [--select valid_mse|last]
+        [key=value ...]
 
 For each of the 5 training folds held out as validation: train on the other four
 (``hopperjax.train``, evaluating on the held-out fold every ``train.eval_every`` steps and keeping
-a checkpoint at each evaluation), pick the step with the lowest validation MSE, restore it, and
-score it once on the test fold. The test fold never takes part in the choice. Folds already in
+a checkpoint at each evaluation), pick the step with the lowest validation MSE (``--select
+last``: the last step, no choice), restore it, and score it once on the test fold. The test fold
+never takes part in the choice. Folds already in
 ``OUT/results.json`` are kept, so an interrupted benchmark goes on where it stopped (a fold that did
 not finish starts again from scratch: its wall time must be one uninterrupted run). Writes
 ``table.md`` (mean +- std of test MSE, CI, rm2, Pearson over the runs, next to the published
@@ -112,7 +114,15 @@ class FoldStopped(Exception):
     """A fold's training stopped before its last step (SIGTERM, Ctrl-C)."""
 
 
-def run_fold(config_path: str, overrides: list[str], fold: int, out: Path) -> dict:
+def chosen_eval(evals: list[dict], select: str) -> dict:
+    """The eval record whose checkpoint is scored on the test fold: the lowest validation MSE
+    (the first of equals), or the last one (``select == "last"``)."""
+    return evals[-1] if select == "last" else min(evals, key=lambda r: r["eval_mse"])
+
+
+def run_fold(
+    config_path: str, overrides: list[str], fold: int, out: Path, select: str = "valid_mse"
+) -> dict:
     base = hopperjax.load_config(
         config_path, [*overrides, f"data.valid_fold={fold}", f"run_dir={out / f'fold{fold}'}"]
     )
@@ -132,7 +142,7 @@ def run_fold(config_path: str, overrides: list[str], fold: int, out: Path) -> di
         raise FoldStopped(f"fold {fold}: stopped at step {int(result.state.step)} of {end}")
     step_times = [r["step_time_s"] for r in result.history if "step_time_s" in r]
     evals = [r for r in result.history if "eval_mse" in r]
-    best = min(evals, key=lambda r: r["eval_mse"])
+    best = chosen_eval(evals, select)
 
     test_parts = build_components(config.replace(**{"data.eval_split": "test"}))
     checkpointer = Checkpointer(
@@ -223,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="configs/dta_davis.yaml")
     parser.add_argument("--folds", default="0,1,2,3,4")
     parser.add_argument("--out", default="runs/dta_benchmark")
+    parser.add_argument(
+        "--select",
+        choices=("valid_mse", "last"),
+        default="valid_mse",
+        help="the step scored on the test fold: the lowest validation MSE, or the last",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_intermixed_args(argv)
     out = Path(args.out)
@@ -231,13 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     folds = [int(f) for f in args.folds.split(",")]
     results = out / "results.json"
     done = {r["fold"]: r for r in json.loads(results.read_text())} if results.exists() else {}
-    recipe = {"config": args.config, "overrides": overrides}
+    recipe = {"config": args.config, "overrides": overrides, "select": args.select}
     for fold in folds:
         if fold in done:
-            kept = {k: done[fold][k] for k in recipe if k in done[fold]}
-            if kept and kept != recipe:  # runs before this check did not record theirs
-                ran = f"--config {kept['config']} {' '.join(kept['overrides'])}"
-                asked = f"--config {args.config} {' '.join(overrides)}"
+            # Runs before this check recorded no recipe (kept as they are), before --select none.
+            kept = {"select": "valid_mse", **{k: done[fold][k] for k in recipe if k in done[fold]}}
+            if "config" in kept and kept != recipe:
+                ran = f"--config {kept['config']} {' '.join(kept['overrides'])} --select "
+                ran += kept["select"]
+                asked = f"--config {args.config} {' '.join(overrides)} --select {args.select}"
                 print(f"{results}: fold {fold} ran {ran}, not {asked}; give this recipe another "
                       "--out", file=sys.stderr)  # fmt: skip
                 return 2
@@ -247,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fold {fold}: discarding an unfinished run", flush=True)
             shutil.rmtree(out / f"fold{fold}")
         try:
-            r = done[fold] = {**recipe, **run_fold(args.config, overrides, fold, out)}
+            r = done[fold] = {**recipe, **run_fold(args.config, overrides, fold, out, args.select)}
         except FoldStopped as e:
             print(f"{e}; the same command goes on (the finished folds are kept, this one starts "
                   "again: its wall time must be one run)", flush=True)  # fmt: skip
@@ -264,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     dataset = published_for(shape)
     host = cpu_name() if jax.default_backend() == "cpu" else jax.devices()[0].device_kind
     header = (
-        f"{args.config} {' '.join(overrides)}; {len(runs)} runs on {jax.device_count()} "
+        f"{args.config} {' '.join(overrides)}, --select {args.select}; {len(runs)} runs on "
+        f"{jax.device_count()} "
         f"{jax.default_backend()} device(s), {host}; dataset: {dataset[0] or 'unrecognized'} "
         f"({shape[0]:,} drugs, {shape[1]:,} proteins, {shape[2]:,} pairs)"
     )

@@ -43,7 +43,7 @@ def test_dta_benchmark_keeps_finished_folds_and_restarts_unfinished(tmp_path, mo
     (tmp_path / "fold1" / "checkpoints" / "stale").write_text("x")
     trained = []
 
-    def run_fold(config_path, overrides, fold, out):
+    def run_fold(config_path, overrides, fold, out, select):
         assert not (out / f"fold{fold}").exists(), "an unfinished fold must start from scratch"
         trained.append(fold)
         return fake_run(fold, 0.27)
@@ -64,7 +64,7 @@ def test_dta_benchmark_keeps_finished_folds_and_restarts_unfinished(tmp_path, mo
     assert "fold 0: kept" in out and "fold 1: discarding an unfinished run" in out
 
     # A fold stopped by a signal (SIGTERM, Ctrl-C): one line, the finished folds kept.
-    def stopped(config_path, overrides, fold, out):
+    def stopped(config_path, overrides, fold, out, select):
         raise benchmark.FoldStopped(f"fold {fold}: stopped at step 1 of 8000")
 
     monkeypatch.setattr(benchmark, "run_fold", stopped)
@@ -82,7 +82,13 @@ def test_dta_benchmark_keeps_finished_folds_and_restarts_unfinished(tmp_path, mo
     assert benchmark.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "fold 1 ran --config configs/dta_davis.yaml" in err
-    assert "data.rank_weight=1; give this recipe another --out" in err
+    assert "data.rank_weight=1 --select valid_mse; give this recipe another --out" in err
+    assert benchmark.main([*argv[:-1], "--select", "last"]) == 2  # so is another selection
+    assert "data.path=unused --select last; give" in capsys.readouterr().err
+
+    evals = [{"step": s, "eval_mse": m} for s, m in ((400, 0.3), (800, 0.2), (1200, 0.25))]
+    assert benchmark.chosen_eval(evals, "valid_mse")["step"] == 800
+    assert benchmark.chosen_eval(evals, "last")["step"] == 1200
 
 
 def test_dta_benchmark_table_lists_the_published_numbers_of_its_dataset_only(tmp_path):
