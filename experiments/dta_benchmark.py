@@ -193,7 +193,7 @@ def write_table(
         lines.append("| (no published figures for a dataset of this shape) | | | | |")
     lines += [
         "",
-        "| run (valid fold) | best step | valid MSE | test MSE | test CI | test rm2 | train s | "
+        "| run (valid fold) | step scored | valid MSE | test MSE | test CI | test rm2 | train s | "
         "wall s | s/step |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{e}; the same command goes on (the finished folds are kept, this one starts "
                   "again: its wall time must be one run)", flush=True)  # fmt: skip
             return 0  # as the train command after a signal: stopped cleanly
-        print(f"fold {fold}: best step {r['best_step']}, valid MSE {r['valid']['mse']:.4f}, "
+        print(f"fold {fold}: step scored {r['best_step']}, valid MSE {r['valid']['mse']:.4f}, "
               f"test MSE {r['test']['mse']:.4f} CI {r['test']['ci']:.4f} "
               f"rm2 {r['test']['rm2']:.4f}; {r['wall_s']:.0f} s wall, {r['step_s']:.3f} s/step",
               flush=True)  # fmt: skip
