@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = {"config": args.config, "overrides": overrides, "select": args.select}
     for fold in folds:
         if fold in done:
-            # Runs before this check recorded no recipe (kept as they are), before --select none.
+            # Older records hold no recipe (kept as they are), or no selection (valid_mse then).
             kept = {"select": "valid_mse", **{k: done[fold][k] for k in recipe if k in done[fold]}}
             if "config" in kept and kept != recipe:
                 ran = f"--config {kept['config']} {' '.join(kept['overrides'])} --select "
@@ -283,8 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     host = cpu_name() if jax.default_backend() == "cpu" else jax.devices()[0].device_kind
     header = (
         f"{args.config} {' '.join(overrides)}, --select {args.select}; {len(runs)} runs on "
-        f"{jax.device_count()} "
-        f"{jax.default_backend()} device(s), {host}; dataset: {dataset[0] or 'unrecognized'} "
+        f"{jax.device_count()} {jax.default_backend()} device(s), {host}; dataset: {dataset[0] or 'unrecognized'} "
         f"({shape[0]:,} drugs, {shape[1]:,} proteins, {shape[2]:,} pairs)"
     )
     print(write_table(runs, header, out / "table.md", dataset))

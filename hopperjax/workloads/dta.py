@@ -63,9 +63,9 @@ class AffinityData(config_lib.DataConfig):
     having the true difference's sign, averaged; the concordance index scores exactly that order
     (0: the MSE alone). ``rank_scale``: the unit of the predicted differences: ``sd`` (the
     training split's standard deviation, so it needs ``standardize``: the term also rewards
-    spreading predictions apart) or
-    ``batch`` (the batch's own predictions' standard deviation: the term is blind to the
-    predictions' scale and offset, which the MSE alone sets, and only orders them).
+    spreading predictions apart) or ``batch`` (the batch's own predictions' standard deviation:
+    the term is blind to the predictions' scale and offset, which the MSE alone sets, and only
+    orders them).
     """
 
     source: Literal["deepdta", "csv", "synthetic", "shards"] = "deepdta"
