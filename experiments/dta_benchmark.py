@@ -283,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     host = cpu_name() if jax.default_backend() == "cpu" else jax.devices()[0].device_kind
     header = (
         f"{args.config} {' '.join(overrides)}, --select {args.select}; {len(runs)} runs on "
-        f"{jax.device_count()} {jax.default_backend()} device(s), {host}; dataset: {dataset[0] or 'unrecognized'} "
+        f"{jax.device_count()} {jax.default_backend()} device(s), {host}; "
+        f"dataset: {dataset[0] or 'unrecognized'} "
         f"({shape[0]:,} drugs, {shape[1]:,} proteins, {shape[2]:,} pairs)"
     )
     print(write_table(runs, header, out / "table.md", dataset))
