@@ -316,14 +316,17 @@ def _affinities(batches, count=None):
     return np.sort(seen)
 
 
-@pytest.mark.parametrize(("split", "fold"), [("valid", 0), ("valid", 3), ("test", 1)])
+@pytest.mark.parametrize(
+    ("split", "fold"), [("valid", 0), ("valid", 3), ("test", 1), ("test", None)]
+)
 def test_deepdta_eval_split_and_valid_fold(tmp_path, split, fold):
+    """valid_fold None (null): GraphDTA's protocol, training on all five training folds."""
     root = _write_deepdta(tmp_path / "davis")
     config = dta_config(
         tmp_path,
         "data.source=deepdta",
         f"data.path={root}",
-        f"data.valid_fold={fold}",
+        f"data.valid_fold={'null' if fold is None else fold}",
         f"data.eval_split={split}",
         "data.shuffle=false",
         "train.batch_size=4",
@@ -339,6 +342,24 @@ def test_deepdta_eval_split_and_valid_fold(tmp_path, split, fold):
     np.testing.assert_allclose(_affinities(datasets.eval), np.sort(pkd[held]), rtol=1e-5)
     one_epoch = _affinities(iter(datasets.train), count=len(train))
     np.testing.assert_allclose(one_epoch, np.sort(pkd[train]), rtol=1e-5)
+
+
+def test_no_valid_fold_needs_the_test_split(tmp_path):
+    """With every training fold trained on, a "valid" eval would score training pairs."""
+    root = _write_deepdta(tmp_path / "davis")
+    for value, message in (
+        (
+            "null",
+            "null trains on every training fold, so only the test fold is left to evaluate on: "
+            "set data.eval_split=test (and score a step fixed in advance)",
+        ),
+        (5, "expected a DeepDTA fold 0..4 or null, got 5"),
+    ):
+        with pytest.raises(hopperjax.ConfigError) as e:
+            dta_config(
+                tmp_path, "data.source=deepdta", f"data.path={root}", f"data.valid_fold={value}"
+            )
+        assert str(e.value) == f"data.valid_fold: {message}"
 
 
 def test_nan_in_y_at_a_pair_the_folds_use_is_blamed_on_y(tmp_path):

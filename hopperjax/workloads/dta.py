@@ -42,8 +42,10 @@ class AffinityData(config_lib.DataConfig):
     directory of ArrayRecord shards written by ``tools/convert_dta.py`` from any of these; read
     by grain, with ``workers`` processes). ``valid_fold``: the DeepDTA training fold held out for
     eval when ``eval_split`` is ``valid``; ``eval_split: test`` evaluates on the test fold
-    instead (report, never select, on it). Without folds, ``eval_fraction`` of the pairs, drawn
-    with the run's seed, is held out (and ``eval_split: test`` is refused). ``group_by:
+    instead (report, never select, on it); ``valid_fold: null`` holds no training fold out and
+    trains on all five (GraphDTA's protocol: its only eval is then the test fold, so it needs
+    ``eval_split: test`` and a step fixed in advance). Without folds, ``eval_fraction`` of the
+    pairs, drawn with the run's seed, is held out (and ``eval_split: test`` is refused). ``group_by:
     protein`` (or ``drug``) orders each epoch group by group, in random order, so a batch holds
     the pairs of a few proteins and the model encodes a few instead of hundreds. ``group_mix``:
     groups shuffled together per stretch of the order, so a batch holds at least about that many
@@ -76,7 +78,7 @@ class AffinityData(config_lib.DataConfig):
     pkd: bool = True
     unknown_chars: Literal["error", "skip", "unk"] = "error"
     bad_records: Literal["error", "skip"] = "error"
-    valid_fold: int = 0
+    valid_fold: int | None = 0
     eval_split: Literal["valid", "test"] = "valid"
     eval_fraction: float = 0.1
     group_by: Literal["none", "protein", "drug"] = "none"
@@ -138,8 +140,9 @@ def split_pairs(
     """(train pair indices, eval pair indices).
 
     DeepDTA ``folds`` (training folds, test fold): train on every training fold but
-    ``data.valid_fold``; evaluate on that fold, or on the test fold with ``data.eval_split: test``.
-    Without folds: a seeded random split with ``data.eval_fraction`` held out.
+    ``data.valid_fold`` (null: on all of them); evaluate on that fold, or on the test fold with
+    ``data.eval_split: test``. Without folds: a seeded random split with ``data.eval_fraction``
+    held out.
 
     Raises:
       ConfigError: the held-out fold is empty (naming the key that selects it and the folds
@@ -148,7 +151,7 @@ def split_pairs(
     d = config.data
     if folds is not None:
         train_folds, test_fold = folds
-        if d.valid_fold >= len(train_folds):
+        if d.valid_fold is not None and d.valid_fold >= len(train_folds):
             raise ConfigError("data.valid_fold", f"the data has {len(train_folds)} folds")
         train = np.concatenate([f for i, f in enumerate(train_folds) if i != d.valid_fold])
         if d.eval_split == "test":
@@ -397,9 +400,16 @@ class AffinityRegression(Workload):
                 "'sd' measures differences in the training split's standard deviations, which "
                 "data.standardize=true computes; set it, or use data.rank_scale=batch",
             )
-        if not 0 <= d.valid_fold < 5:
+        if d.valid_fold is None:
+            if d.eval_split != "test":
+                raise ConfigError(
+                    "data.valid_fold",
+                    "null trains on every training fold, so only the test fold is left to "
+                    "evaluate on: set data.eval_split=test (and score a step fixed in advance)",
+                )
+        elif not 0 <= d.valid_fold < 5:
             raise ConfigError(
-                "data.valid_fold", f"expected a DeepDTA fold 0..4, got {d.valid_fold}"
+                "data.valid_fold", f"expected a DeepDTA fold 0..4 or null, got {d.valid_fold}"
             )
         if not 0.0 < d.eval_fraction < 1.0:
             raise ConfigError(
