@@ -360,6 +360,22 @@ def test_no_valid_fold_needs_the_test_split(tmp_path):
                 tmp_path, "data.source=deepdta", f"data.path={root}", f"data.valid_fold={value}"
             )
         assert str(e.value) == f"data.valid_fold: {message}"
+    # Data without folds has none to train on all of: the cause, not the test split's refusal.
+    root = _write_deepdta(tmp_path / "nofolds", folds=None)
+    config = dta_config(
+        tmp_path,
+        "data.source=deepdta",
+        f"data.path={root}",
+        "data.valid_fold=null",
+        "data.eval_split=test",
+        "train.batch_size=4",
+    )
+    with pytest.raises(hopperjax.ConfigError) as e:
+        dta_workload.AffinityRegression(config).build_datasets(ProcessShard(0, 1))
+    assert str(e.value) == (
+        f"data.valid_fold: null trains on every DeepDTA training fold, but {root} has no folds/; "
+        "leave it out (a random data.eval_fraction of the pairs is held out)"
+    )
 
 
 def test_nan_in_y_at_a_pair_the_folds_use_is_blamed_on_y(tmp_path):

@@ -161,10 +161,16 @@ def split_pairs(
         if not len(held):
             raise ConfigError(key, f"{what} of {_folds_file(d)} has no pairs to evaluate on")
         return train.astype(np.int64), np.asarray(held, np.int64)
-    if d.eval_split == "test":  # a random split is no held-out test set: never report it as one
-        where = {"deepdta": f"{d.path} has no folds/", "shards": f"{d.path} has no folds"}.get(
-            d.source, f"data.source={d.source} has no folds"
+    where = {"deepdta": f"{d.path} has no folds/", "shards": f"{d.path} has no folds"}.get(
+        d.source, f"data.source={d.source} has no folds"
+    )
+    if d.valid_fold is None:  # validation let it through with eval_split: test; say the cause
+        raise ConfigError(
+            "data.valid_fold",
+            f"null trains on every DeepDTA training fold, but {where}; leave it out (a random "
+            f"data.eval_fraction of the pairs is held out)",
         )
+    if d.eval_split == "test":  # a random split is no held-out test set: never report it as one
         raise ConfigError(
             "data.eval_split",
             f"'test' needs DeepDTA's held-out test fold, but {where}; use data.eval_split=valid "
