@@ -2,14 +2,17 @@
 
     python experiments/dta_benchmark.py --data data/davis
         [--config configs/dta_davis.yaml]
-        [--folds 0,1,2,3,4] [--out runs/dta_benchmark] [--select valid_mse|last]
-        [key=value ...]
+        [--folds 0,1,2,3,4 | --folds all [--seeds 0,1,2]] [--out runs/dta_benchmark]
+        [--select valid_mse|last] [key=value ...]
 
 For each of the 5 training folds held out as validation: train on the other four
 (``hopperjax.train``, evaluating on the held-out fold every ``train.eval_every`` steps and keeping
 a checkpoint at each evaluation), pick the step with the lowest validation MSE (``--select
 last``: the last step, no choice), restore it, and score it once on the test fold. The test fold
-never takes part in the choice. Folds already in
+never takes part in the choice. ``--folds all`` is GraphDTA's protocol instead: one run per
+seed trained on all five training folds (``data.valid_fold: null``), so nothing is left to
+select on: the last step is scored (``--select last``), and the run's evaluations, on the test
+fold, are reported, never used. Folds (and seeds) already in
 ``OUT/results.json`` are kept, so an interrupted benchmark goes on where it stopped (a fold that did
 not finish starts again from scratch: its wall time must be one uninterrupted run). Writes
 ``table.md`` (mean +- std of test MSE, CI, rm2, Pearson over the runs, next to the published
@@ -120,26 +123,54 @@ def chosen_eval(evals: list[dict], select: str) -> dict:
     return evals[-1] if select == "last" else min(evals, key=lambda r: r["eval_mse"])
 
 
+ALL = "all"  # --folds all: GraphDTA's protocol, every training fold trained on
+
+
+def run_name(fold: int | str, seed: int | None = None) -> str:
+    """A run's directory under --out: ``fold3``, ``all_seed1``."""
+    return f"all_seed{seed}" if fold == ALL else f"fold{fold}"
+
+
+def run_label(fold: int | str, seed: int | None = None) -> str:
+    """A run's name in messages and tables: ``fold 3``, ``all folds, seed 1``."""
+    return f"all folds, seed {seed}" if fold == ALL else f"fold {fold}"
+
+
 def run_fold(
-    config_path: str, overrides: list[str], fold: int, out: Path, select: str = "valid_mse"
+    config_path: str,
+    overrides: list[str],
+    fold: int | str,
+    out: Path,
+    select: str = "valid_mse",
+    seed: int | None = None,
 ) -> dict:
+    """Trains one run and scores its chosen step on the test fold: ``fold`` held out for
+    validation, or ``ALL`` (GraphDTA's protocol: no fold held out, the given ``seed``, the last
+    step scored; the run's evaluations are on the test fold and choose nothing)."""
+    everything = fold == ALL
+    held = ["data.valid_fold=null", "data.eval_split=test", f"seed={seed}"] if everything else [
+        f"data.valid_fold={fold}", "data.eval_split=valid"
+    ]  # fmt: skip
     base = hopperjax.load_config(
-        config_path, [*overrides, f"data.valid_fold={fold}", f"run_dir={out / f'fold{fold}'}"]
+        config_path, [*overrides, *held, f"run_dir={out / run_name(fold, seed)}"]
     )
     t = base.train
     config = base.replace(
         **{
             "train.checkpoint_every": t.eval_every,
             "train.keep_checkpoints": t.steps // t.eval_every + 2,
-            "data.eval_split": "valid",
         }
     )
+    if everything:
+        select = "last"
     start = time.perf_counter()
     result = hopperjax.train(config, console="bar")
     train_s = time.perf_counter() - start
     end = t.stop_after or t.steps
     if int(result.state.step) < end:  # stopped by a signal: nothing to score
-        raise FoldStopped(f"fold {fold}: stopped at step {int(result.state.step)} of {end}")
+        raise FoldStopped(
+            f"{run_label(fold, seed)}: stopped at step {int(result.state.step)} of {end}"
+        )
     step_times = [r["step_time_s"] for r in result.history if "step_time_s" in r]
     evals = [r for r in result.history if "eval_mse" in r]
     best = chosen_eval(evals, select)
@@ -151,15 +182,19 @@ def run_fold(
     state, _ = checkpointer.restore(best["step"], test_parts.abstract_state)
     checkpointer.close()
     measured, predicted = predict(test_parts, state)
+    scores = {k[5:]: best[k] for k in ("eval_mse", "eval_ci", "eval_rm2", "eval_pearson")}
     return {
         "fold": fold,
+        **({"seed": seed} if everything else {}),
         "best_step": best["step"],
-        "valid": {k[5:]: best[k] for k in ("eval_mse", "eval_ci", "eval_rm2", "eval_pearson")},
+        "valid": None if everything else scores,  # all folds trained on: no validation
         "test": scoring.regression_scores(measured, predicted),
         "train_s": train_s,
         "step_s": float(np.median(step_times)),
         "wall_s": time.perf_counter() - start,
-        "valid_curve": [(r["step"], r["eval_mse"]) for r in evals],
+        ("test_curve" if everything else "valid_curve"): [
+            (r["step"], r["eval_mse"]) for r in evals
+        ],
         "measured": measured.tolist(),
         "predicted": predicted.tolist(),
     }
@@ -200,8 +235,10 @@ def write_table(
     for r in runs:
         wall = f"{r['wall_s']:.0f}" if "wall_s" in r else "–"
         step = f"{r['step_s']:.3f}" if "step_s" in r else "–"
+        name = run_label(r["fold"], r.get("seed")).removeprefix("fold ")
+        valid = "–" if r["valid"] is None else f"{r['valid']['mse']:.3f}"
         lines.append(
-            f"| {r['fold']} | {r['best_step']} | {r['valid']['mse']:.3f} | "
+            f"| {name} | {r['best_step']} | {valid} | "
             f"{r['test']['mse']:.3f} | {r['test']['ci']:.3f} | {r['test']['rm2']:.3f} | "
             f"{r['train_s']:.0f} | {wall} | {step} |"
         )
@@ -222,7 +259,8 @@ def plot(run: dict, path: Path) -> None:
     ax.set_xlabel("measured pKd")
     ax.set_ylabel("predicted pKd")
     t = run["test"]
-    ax.set_title(f"test fold, run {run['fold']}: MSE {t['mse']:.3f}, CI {t['ci']:.3f}")
+    name = run_label(run["fold"], run.get("seed")).replace("fold ", "run ", 1)
+    ax.set_title(f"test fold, {name}: MSE {t['mse']:.3f}, CI {t['ci']:.3f}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -231,58 +269,92 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", required=True, help="a DeepDTA-format directory")
     parser.add_argument("--config", default="configs/dta_davis.yaml")
-    parser.add_argument("--folds", default="0,1,2,3,4")
+    parser.add_argument(
+        "--folds",
+        default="0,1,2,3,4",
+        help="validation folds, one run each; 'all': GraphDTA's protocol, one run per --seeds",
+    )
+    parser.add_argument("--seeds", help="with --folds all: the runs' seeds (default 0)")
     parser.add_argument("--out", default="runs/dta_benchmark")
     parser.add_argument(
         "--select",
         choices=("valid_mse", "last"),
-        default="valid_mse",
-        help="the step scored on the test fold: the lowest validation MSE, or the last",
+        help="the step scored on the test fold: the lowest validation MSE (the default), or the "
+        "last (the only choice with --folds all)",
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_intermixed_args(argv)
+    try:
+        if args.folds == ALL:
+            keys = [(ALL, int(s)) for s in (args.seeds or "0").split(",")]
+        else:
+            keys = [(int(f), None) for f in args.folds.split(",")]
+    except ValueError:
+        print(f"--folds {args.folds} --seeds {args.seeds}: expected comma-separated integers "
+              "(or --folds all)", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.folds == ALL and args.select == "valid_mse":
+        print("--select valid_mse: --folds all trains on every fold, so there is no validation "
+              "fold to select on; the last step is scored", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.folds != ALL and args.seeds is not None:
+        print("--seeds: only with --folds all (a fold's seed is the config's `seed`)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    select = args.select or ("last" if args.folds == ALL else "valid_mse")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     overrides = [f"data.path={args.data}", *args.overrides]
-    folds = [int(f) for f in args.folds.split(",")]
     results = out / "results.json"
-    done = {r["fold"]: r for r in json.loads(results.read_text())} if results.exists() else {}
-    recipe = {"config": args.config, "overrides": overrides, "select": args.select}
-    for fold in folds:
-        if fold in done:
+    done = (
+        {(r["fold"], r.get("seed")): r for r in json.loads(results.read_text())}
+        if results.exists()
+        else {}
+    )
+    recipe = {"config": args.config, "overrides": overrides, "select": select}
+    for key in keys:
+        fold, seed = key
+        name, label = run_name(fold, seed), run_label(fold, seed)
+        if key in done:
             # Older records hold no recipe (kept as they are), or no selection (valid_mse then).
-            kept = {"select": "valid_mse", **{k: done[fold][k] for k in recipe if k in done[fold]}}
+            kept = {"select": "valid_mse", **{k: done[key][k] for k in recipe if k in done[key]}}
             if "config" in kept and kept != recipe:
                 ran = f"--config {kept['config']} {' '.join(kept['overrides'])} --select "
                 ran += kept["select"]
-                asked = f"--config {args.config} {' '.join(overrides)} --select {args.select}"
-                print(f"{results}: fold {fold} ran {ran}, not {asked}; give this recipe another "
-                      "--out", file=sys.stderr)  # fmt: skip
+                asked = f"--config {args.config} {' '.join(overrides)} --select {select}"
+                print(f"{results}: {label} ran {ran}, not {asked}; give "
+                      "this recipe another --out", file=sys.stderr)  # fmt: skip
                 return 2
-            print(f"fold {fold}: kept from {results}", flush=True)
+            print(f"{label}: kept from {results}", flush=True)
             continue
-        if (out / f"fold{fold}").exists():
-            print(f"fold {fold}: discarding an unfinished run", flush=True)
-            shutil.rmtree(out / f"fold{fold}")
+        if (out / name).exists():
+            print(f"{label}: discarding an unfinished run", flush=True)
+            shutil.rmtree(out / name)
         try:
-            r = done[fold] = {**recipe, **run_fold(args.config, overrides, fold, out, args.select)}
+            r = done[key] = {
+                **recipe,
+                **run_fold(args.config, overrides, fold, out, select, seed),
+            }
         except FoldStopped as e:
             print(f"{e}; the same command goes on (the finished folds are kept, this one starts "
                   "again: its wall time must be one run)", flush=True)  # fmt: skip
             return 0  # as the train command after a signal: stopped cleanly
-        print(f"fold {fold}: step scored {r['best_step']}, valid MSE {r['valid']['mse']:.4f}, "
+        valid = "" if r["valid"] is None else f"valid MSE {r['valid']['mse']:.4f}, "
+        print(f"{label}: step scored {r['best_step']}, {valid}"
               f"test MSE {r['test']['mse']:.4f} CI {r['test']['ci']:.4f} "
               f"rm2 {r['test']['rm2']:.4f}; {r['wall_s']:.0f} s wall, {r['step_s']:.3f} s/step",
               flush=True)  # fmt: skip
         partial = results.with_suffix(".json.tmp")
-        partial.write_text(json.dumps([done[f] for f in sorted(done)]))
+        partial.write_text(json.dumps([done[k] for k in sorted(done, key=str)]))
         partial.replace(results)
-    runs = [done[f] for f in folds]
+    runs = [done[k] for k in keys]
     shape = dataset_shape(args.config, overrides)
     dataset = published_for(shape)
     host = cpu_name() if jax.default_backend() == "cpu" else jax.devices()[0].device_kind
     header = (
-        f"{args.config} {' '.join(overrides)}, --select {args.select}; {len(runs)} runs on "
+        f"{args.config} {' '.join(overrides)}, "
+        f"{'--folds all (every training fold), ' if args.folds == ALL else ''}"
+        f"--select {select}; {len(runs)} runs on "
         f"{jax.device_count()} {jax.default_backend()} device(s), {host}; "
         f"dataset: {dataset[0] or 'unrecognized'} "
         f"({shape[0]:,} drugs, {shape[1]:,} proteins, {shape[2]:,} pairs)"

@@ -7,6 +7,7 @@ reads shared data.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -342,6 +343,41 @@ def test_deepdta_eval_split_and_valid_fold(tmp_path, split, fold):
     np.testing.assert_allclose(_affinities(datasets.eval), np.sort(pkd[held]), rtol=1e-5)
     one_epoch = _affinities(iter(datasets.train), count=len(train))
     np.testing.assert_allclose(one_epoch, np.sort(pkd[train]), rtol=1e-5)
+
+
+def test_benchmark_all_folds_run_trains_on_every_fold_and_scores_its_last_step_on_test(
+    tmp_path, monkeypatch
+):
+    """experiments/dta_benchmark.py's GraphDTA protocol end to end on a tiny DeepDTA directory:
+    the run trains on all five training folds, evaluates on (only) the test fold, and the scored
+    step is the last one, its predictions the test fold's affinities."""
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))  # the script's own imports
+    spec = importlib.util.spec_from_file_location(
+        "dta_benchmark", REPO / "experiments" / "dta_benchmark.py"
+    )
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    root = _write_deepdta(tmp_path / "davis")
+    overrides = [
+        *TINY_DTA,
+        "data.source=deepdta",
+        f"data.path={root}",
+        "train.batch_size=8",
+        "train.eval_batch_size=8",
+        "train.steps=4",
+        "train.eval_every=2",
+    ]
+    r = benchmark.run_fold(
+        str(REPO / "configs" / "dta_davis.yaml"), overrides, benchmark.ALL, tmp_path, seed=3
+    )
+    assert (r["fold"], r["seed"], r["best_step"], r["valid"]) == ("all", 3, 4, None)
+    assert [s for s, _ in r["test_curve"]] == [2, 4]
+    pkd = PKD[~np.isnan(PKD)]
+    np.testing.assert_allclose(np.sort(r["measured"]), np.sort(pkd[TEST_FOLD]), rtol=1e-5)
+    # The last eval record is the scored checkpoint's test MSE (the same pairs, the same state).
+    assert r["test"]["mse"] == pytest.approx(r["test_curve"][-1][1], rel=1e-4)
+    config = hopperjax.load_config(tmp_path / "all_seed3" / "config.yaml", [])
+    assert (config.seed, config.data.valid_fold, config.data.eval_split) == (3, None, "test")
 
 
 def test_no_valid_fold_needs_the_test_split(tmp_path):

@@ -43,7 +43,7 @@ def test_dta_benchmark_keeps_finished_folds_and_restarts_unfinished(tmp_path, mo
     (tmp_path / "fold1" / "checkpoints" / "stale").write_text("x")
     trained = []
 
-    def run_fold(config_path, overrides, fold, out, select):
+    def run_fold(config_path, overrides, fold, out, select, seed=None):
         assert not (out / f"fold{fold}").exists(), "an unfinished fold must start from scratch"
         trained.append(fold)
         return fake_run(fold, 0.27)
@@ -64,7 +64,7 @@ def test_dta_benchmark_keeps_finished_folds_and_restarts_unfinished(tmp_path, mo
     assert "fold 0: kept" in out and "fold 1: discarding an unfinished run" in out
 
     # A fold stopped by a signal (SIGTERM, Ctrl-C): one line, the finished folds kept.
-    def stopped(config_path, overrides, fold, out, select):
+    def stopped(config_path, overrides, fold, out, select, seed=None):
         raise benchmark.FoldStopped(f"fold {fold}: stopped at step 1 of 8000")
 
     monkeypatch.setattr(benchmark, "run_fold", stopped)
@@ -89,6 +89,52 @@ def test_dta_benchmark_keeps_finished_folds_and_restarts_unfinished(tmp_path, mo
     evals = [{"step": s, "eval_mse": m} for s, m in ((400, 0.3), (800, 0.2), (1200, 0.25))]
     assert benchmark.chosen_eval(evals, "valid_mse")["step"] == 800
     assert benchmark.chosen_eval(evals, "last")["step"] == 1200
+
+
+def test_dta_benchmark_all_folds_runs_one_per_seed_and_scores_the_last_step(
+    tmp_path, monkeypatch, capsys
+):
+    """--folds all: GraphDTA's protocol (every training fold trained on), one run per seed, the
+    last step scored; no validation to select on, so --select valid_mse and --seeds without it
+    are refused in one line."""
+    benchmark = load_script("dta_benchmark")
+    calls = []
+
+    def run_fold(config_path, overrides, fold, out, select, seed=None):
+        calls.append((fold, seed, select))
+        return {**fake_run(fold, 0.20 + 0.01 * seed), "seed": seed, "valid": None}
+
+    monkeypatch.setattr(benchmark, "run_fold", run_fold)
+    monkeypatch.setattr(benchmark, "dataset_shape", lambda config, overrides: (68, 442, 30_056))
+    argv = ["--data", "unused", "--folds", "all", "--seeds", "0,1", "--out", str(tmp_path)]
+    assert benchmark.main(argv) == 0
+    assert calls == [("all", 0, "last"), ("all", 1, "last")]
+    runs = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["fold"], r["seed"], r["select"]) for r in runs] == [
+        ("all", 0, "last"),
+        ("all", 1, "last"),
+    ]
+    table = (tmp_path / "table.md").read_text()
+    assert "--folds all (every training fold), --select last; 2 runs" in table
+    assert "hopperjax (2 runs) | 0.205 ± 0.005" in table
+    assert "| all folds, seed 1 | 100 | – | 0.210 |" in table
+    assert "all folds, seed 1: step scored 100, test MSE 0.2100" in capsys.readouterr().out
+    # Kept on the next call (a third seed runs), and a fold run is a different key.
+    assert benchmark.main([*argv[:5], "0,1,2", *argv[6:]]) == 0
+    assert calls[2:] == [("all", 2, "last")]
+    assert "all folds, seed 0: kept" in capsys.readouterr().out
+
+    for extra, message in (
+        (["--select", "valid_mse"], "--select valid_mse: --folds all trains on every fold"),
+        (["--folds", "0", "--seeds", "1"], "--seeds: only with --folds all"),
+        (["--folds", "0,x"], "--folds 0,x --seeds None: expected comma-separated integers"),
+    ):
+        base = ["--data", "unused", "--out", str(tmp_path / "refused")]
+        if "--folds" not in extra:
+            base += ["--folds", "all"]
+        assert benchmark.main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(message), err
 
 
 def test_dta_benchmark_table_lists_the_published_numbers_of_its_dataset_only(tmp_path):
