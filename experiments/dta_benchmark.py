@@ -18,7 +18,7 @@ not finish starts again from scratch: its wall time must be one uninterrupted ru
 ``table.md`` (mean +- std of test MSE, CI, rm2, Pearson over the runs, next to the published
 numbers of the dataset it ran on, recognized by its shape: Davis or KIBA; none for another; and
 per run its wall time and step time), ``results.json`` and ``scatter.png`` (predicted vs
-measured pKd of the test fold, run 1).
+measured pKd of the test fold, the first run).
 """
 
 from __future__ import annotations
@@ -228,8 +228,8 @@ def write_table(
         lines.append("| (no published figures for a dataset of this shape) | | | | |")
     lines += [
         "",
-        "| run (valid fold) | step scored | valid MSE | test MSE | test CI | test rm2 | train s | "
-        "wall s | s/step |",
+        f"| run{'' if runs[0]['fold'] == ALL else ' (valid fold)'} | step scored | valid MSE | "
+        "test MSE | test CI | test rm2 | train s | wall s | s/step |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
@@ -259,7 +259,7 @@ def plot(run: dict, path: Path) -> None:
     ax.set_xlabel("measured pKd")
     ax.set_ylabel("predicted pKd")
     t = run["test"]
-    name = run_label(run["fold"], run.get("seed")).replace("fold ", "run ", 1)
+    name = run_label(run["fold"], run.get("seed")) if run["fold"] == ALL else f"run {run['fold']}"
     ax.set_title(f"test fold, {name}: MSE {t['mse']:.3f}, CI {t['ci']:.3f}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -286,13 +286,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     try:
         if args.folds == ALL:
-            keys = [(ALL, int(s)) for s in (args.seeds or "0").split(",")]
+            seeds = "0" if args.seeds is None else args.seeds
+            keys = [(ALL, int(s)) for s in seeds.split(",")]
         else:
             keys = [(int(f), None) for f in args.folds.split(",")]
     except ValueError:
-        print(f"--folds {args.folds} --seeds {args.seeds}: expected comma-separated integers "
-              "(or --folds all)", file=sys.stderr)  # fmt: skip
+        given = f"--seeds {args.seeds!r}" if args.folds == ALL else f"--folds {args.folds!r}"
+        print(f"{given}: expected comma-separated integers"
+              f"{'' if args.folds == ALL else ' (or all)'}", file=sys.stderr)  # fmt: skip
         return 2
+    if len(set(keys)) != len(keys):
+        print(f"--folds {args.folds} --seeds {args.seeds}: a run named twice would count twice "
+              "in the mean and std", file=sys.stderr)  # fmt: skip
+        return 2
+    # The benchmark sets these per run; an override of them would be overridden in silence.
+    owned = ("data.valid_fold=", "data.eval_split=", *(("seed=",) if args.folds == ALL else ()))
+    for o in args.overrides:
+        if o.startswith(owned):
+            what = "--seeds" if o.startswith("seed=") else "--folds"
+            print(f"{o}: the benchmark sets {o.split('=')[0]} for each run; use {what}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     if args.folds == ALL and args.select == "valid_mse":
         print("--select valid_mse: --folds all trains on every fold, so there is no validation "
               "fold to select on; the last step is scored", file=sys.stderr)  # fmt: skip
@@ -302,6 +316,21 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     select = args.select or ("last" if args.folds == ALL else "valid_mse")
+    try:
+        return benchmark(args, keys, select)
+    except hopperjax.ConfigError as e:  # a data path, fold or key the config refuses
+        print(e, file=sys.stderr)
+        return 2
+
+
+def _order(key: tuple) -> tuple:
+    """results.json's order: numbered folds, then all-folds runs by seed."""
+    fold, seed = key
+    return (fold == ALL, -1 if fold == ALL else fold, seed or 0)
+
+
+def benchmark(args: argparse.Namespace, keys: list[tuple], select: str) -> int:
+    """Runs (or keeps) each run of ``keys`` and writes the table; main's parsed arguments."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     overrides = [f"data.path={args.data}", *args.overrides]
@@ -336,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                 **run_fold(args.config, overrides, fold, out, select, seed),
             }
         except FoldStopped as e:
-            print(f"{e}; the same command goes on (the finished folds are kept, this one starts "
+            print(f"{e}; the same command goes on (the finished runs are kept, this one starts "
                   "again: its wall time must be one run)", flush=True)  # fmt: skip
             return 0  # as the train command after a signal: stopped cleanly
         valid = "" if r["valid"] is None else f"valid MSE {r['valid']['mse']:.4f}, "
@@ -345,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
               f"rm2 {r['test']['rm2']:.4f}; {r['wall_s']:.0f} s wall, {r['step_s']:.3f} s/step",
               flush=True)  # fmt: skip
         partial = results.with_suffix(".json.tmp")
-        partial.write_text(json.dumps([done[k] for k in sorted(done, key=str)]))
+        partial.write_text(json.dumps([done[k] for k in sorted(done, key=_order)]))
         partial.replace(results)
     runs = [done[k] for k in keys]
     shape = dataset_shape(args.config, overrides)

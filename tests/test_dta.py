@@ -367,9 +367,13 @@ def test_benchmark_all_folds_run_trains_on_every_fold_and_scores_its_last_step_o
         "train.steps=4",
         "train.eval_every=2",
     ]
+    chosen = []
+    choose = benchmark.chosen_eval
+    monkeypatch.setattr(benchmark, "chosen_eval", lambda e, s: chosen.append(s) or choose(e, s))
     r = benchmark.run_fold(
         str(REPO / "configs" / "dta_davis.yaml"), overrides, benchmark.ALL, tmp_path, seed=3
     )
+    assert chosen == ["last"]  # whatever select was passed: there is nothing else to select on
     assert (r["fold"], r["seed"], r["best_step"], r["valid"]) == ("all", 3, 4, None)
     assert [s for s, _ in r["test_curve"]] == [2, 4]
     pkd = PKD[~np.isnan(PKD)]

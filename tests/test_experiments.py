@@ -102,6 +102,8 @@ def test_dta_benchmark_all_folds_runs_one_per_seed_and_scores_the_last_step(
 
     def run_fold(config_path, overrides, fold, out, select, seed=None):
         calls.append((fold, seed, select))
+        if fold != "all":
+            return fake_run(fold, 0.3)
         return {**fake_run(fold, 0.20 + 0.01 * seed), "seed": seed, "valid": None}
 
     monkeypatch.setattr(benchmark, "run_fold", run_fold)
@@ -119,15 +121,27 @@ def test_dta_benchmark_all_folds_runs_one_per_seed_and_scores_the_last_step(
     assert "hopperjax (2 runs) | 0.205 ± 0.005" in table
     assert "| all folds, seed 1 | 100 | – | 0.210 |" in table
     assert "all folds, seed 1: step scored 100, test MSE 0.2100" in capsys.readouterr().out
-    # Kept on the next call (a third seed runs), and a fold run is a different key.
+    # Kept on the next call (a third seed runs); a numbered fold in the same --out is another
+    # run, scored on validation as before.
     assert benchmark.main([*argv[:5], "0,1,2", *argv[6:]]) == 0
     assert calls[2:] == [("all", 2, "last")]
     assert "all folds, seed 0: kept" in capsys.readouterr().out
+    assert benchmark.main(["--data", "unused", "--folds", "0", "--out", str(tmp_path)]) == 0
+    assert calls[3:] == [(0, None, "valid_mse")]
+    runs = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["fold"], r.get("seed")) for r in runs] == [
+        (0, None),
+        *[("all", s) for s in range(3)],
+    ]
 
     for extra, message in (
         (["--select", "valid_mse"], "--select valid_mse: --folds all trains on every fold"),
         (["--folds", "0", "--seeds", "1"], "--seeds: only with --folds all"),
-        (["--folds", "0,x"], "--folds 0,x --seeds None: expected comma-separated integers"),
+        (["--folds", "0,x"], "--folds '0,x': expected comma-separated integers (or all)"),
+        (["--seeds", ""], "--seeds '': expected comma-separated integers"),
+        (["--seeds", "0,0"], "--folds all --seeds 0,0: a run named twice would count twice"),
+        (["seed=5"], "seed=5: the benchmark sets seed for each run; use --seeds"),
+        (["data.valid_fold=1"], "data.valid_fold=1: the benchmark sets data.valid_fold for each"),
     ):
         base = ["--data", "unused", "--out", str(tmp_path / "refused")]
         if "--folds" not in extra:
@@ -135,6 +149,13 @@ def test_dta_benchmark_all_folds_runs_one_per_seed_and_scores_the_last_step(
         assert benchmark.main([*base, *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith(message), err
+    # A config the data or keys refuse (here: no such directory): its one line, no traceback.
+    monkeypatch.undo()
+    benchmark = load_script("dta_benchmark")
+    missing = tmp_path / "missing"
+    argv = ["--data", str(missing), "--folds", "0", "--out", str(tmp_path / "cfg")]
+    assert benchmark.main(argv) == 2
+    assert capsys.readouterr().err.strip() == f"data.path: not found: {missing}"
 
 
 def test_dta_benchmark_table_lists_the_published_numbers_of_its_dataset_only(tmp_path):
