@@ -9,7 +9,7 @@ For each of the 5 training folds held out as validation: train on the other four
 (``hopperjax.train``, evaluating on the held-out fold every ``train.eval_every`` steps and keeping
 a checkpoint at each evaluation), pick the step with the lowest validation MSE (``--select
 last``: the last step, no choice), restore it, and score it once on the test fold. The test fold
-never takes part in the choice. ``--folds all`` is GraphDTA's protocol instead: one run per
+never takes part in the choice. ``--folds all`` is GraphDTA's split instead: one run per
 seed trained on all five training folds (``data.valid_fold: null``), so nothing is left to
 select on: the last step is scored (``--select last``), and the run's evaluations, on the test
 fold, are reported, never used. Folds (and seeds) already in
@@ -123,7 +123,7 @@ def chosen_eval(evals: list[dict], select: str) -> dict:
     return evals[-1] if select == "last" else min(evals, key=lambda r: r["eval_mse"])
 
 
-ALL = "all"  # --folds all: GraphDTA's protocol, every training fold trained on
+ALL = "all"  # --folds all: GraphDTA's split, every training fold trained on
 
 
 def run_name(fold: int | str, seed: int | None = None) -> str:
@@ -145,7 +145,7 @@ def run_fold(
     seed: int | None = None,
 ) -> dict:
     """Trains one run and scores its chosen step on the test fold: ``fold`` held out for
-    validation, or ``ALL`` (GraphDTA's protocol: no fold held out, the given ``seed``, the last
+    validation, or ``ALL`` (GraphDTA's split: no fold held out, the given ``seed``, the last
     step scored; the run's evaluations are on the test fold and choose nothing)."""
     everything = fold == ALL
     held = ["data.valid_fold=null", "data.eval_split=test", f"seed={seed}"] if everything else [
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--folds",
         default="0,1,2,3,4",
-        help="validation folds, one run each; 'all': GraphDTA's protocol, one run per --seeds",
+        help="validation folds, one run each; 'all': GraphDTA's split, one run per --seeds",
     )
     parser.add_argument("--seeds", help="with --folds all: the runs' seeds (default 0)")
     parser.add_argument("--out", default="runs/dta_benchmark")

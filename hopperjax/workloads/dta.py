@@ -43,7 +43,7 @@ class AffinityData(config_lib.DataConfig):
     by grain, with ``workers`` processes). ``valid_fold``: the DeepDTA training fold held out for
     eval when ``eval_split`` is ``valid``; ``eval_split: test`` evaluates on the test fold
     instead (report, never select, on it); ``valid_fold: null`` holds no training fold out and
-    trains on all five (GraphDTA's protocol: its only eval is then the test fold, so it needs
+    trains on all five (GraphDTA's split: its only eval is then the test fold, so it needs
     ``eval_split: test`` and a step fixed in advance). Without folds, ``eval_fraction`` of the
     pairs, drawn with the run's seed, is held out (and ``eval_split: test`` is refused). ``group_by:
     protein`` (or ``drug``) orders each epoch group by group, in random order, so a batch holds
