@@ -277,6 +277,21 @@ def test_translation_benchmark_resumes_a_stopped_seed_from_its_checkpoint(tmp_pa
     assert benchmark.best_step([(2, 30.0), (4, 31.0)], [2, 6]) == 2  # step 4 not checkpointed
     assert benchmark.best_step([], [2, 6]) == 6
     assert run["steps_s"] > 0 and "training steps s" in (out / "table.md").read_text()
+    # The literature's Moses-tokenized, lowercased BLEU beside sacrebleu's; a kept seed's record
+    # that predates it gets it from the hypotheses file the seed wrote.
+    assert 0.0 <= run["test"]["bleu_moses"] <= 100.0
+    assert "Moses-tokenized lowercased" in (out / "table.md").read_text()
+    del run["test"]["bleu_moses"]
+    (out / "results.json").write_text(json.dumps([run]))
+    assert benchmark.main(argv) == 0
+    assert "seed 0: kept from" in capsys.readouterr().out
+    (kept,) = json.loads((out / "results.json").read_text())
+    assert kept["test"]["bleu_moses"] == pytest.approx(
+        benchmark.moses_bleu(
+            (out / "seed0.test_2016_flickr.hyp").read_text().split("\n")[:20],
+            (data / "test_2016_flickr.de").read_text().split("\n"), "de",
+        )
+    )  # fmt: skip
 
 
 def test_quantize_compare_tables_each_scheme_against_the_float_model(tmp_path):

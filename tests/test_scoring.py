@@ -10,6 +10,7 @@ import pytest
 from hopperjax.scoring import (
     _strict_inversions,
     concordance_index,
+    moses_bleu,
     mse,
     pearson,
     regression_scores,
@@ -232,6 +233,30 @@ def test_translation_scores_are_sacrebleus_and_lowercasing_only_forgives_case():
     assert cased["bleu"] < 10.0 and cased["bleu_lowercase"] == pytest.approx(100.0)
     with pytest.raises(ValueError, match="one hypothesis per reference"):
         translation_scores(refs[:1], refs)
+
+
+def test_moses_bleu_scores_the_literatures_tokenized_lowercased_text():
+    refs = ['Ein Junge im T-Shirt ruft "Hallo!" über die Wiese.', "Zwei Kinder spielen im Park."]
+    assert moses_bleu(refs, refs, "de") == pytest.approx(100.0)
+    # Case, and spacing around punctuation that tokenization removes, are forgiven ...
+    loose = [
+        'ein junge im t-shirt ruft " hallo ! " über die wiese .',
+        "ZWEI KINDER spielen im Park .",
+    ]
+    assert moses_bleu(loose, refs, "de") == pytest.approx(100.0)
+    assert translation_scores(loose, refs)["bleu"] < 60.0  # ... where detokenized BLEU is not
+    # ... but a hyphenated compound stays one token (Moses without -a), so splitting it costs.
+    split = ['Ein Junge im T - Shirt ruft "Hallo!" über die Wiese.', refs[1]]
+    assert moses_bleu(split, refs, "de") < 90.0
+    # The tokens are the Moses scripts' (escaped quotes), as in the dataset's tok/ files.
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    tokenized = MosesTokenizer(lang="de").tokenize(
+        MosesPunctNormalizer(lang="de").normalize(refs[0].lower()), return_str=True, escape=True
+    )
+    assert tokenized == "ein junge im t-shirt ruft &quot; hallo ! &quot; über die wiese ."
+    with pytest.raises(ValueError, match="one hypothesis per reference"):
+        moses_bleu(refs[:1], refs, "de")
 
 
 def test_roc_auc_equals_the_pairwise_count_with_ties_as_half():
