@@ -2,7 +2,7 @@
 
     python experiments/translation_benchmark.py [--config configs/multi30k_t5.yaml]
         [--seeds 0] [--test-split test_2016_flickr] [--beams 4] [--length-penalty 0.6]
-        [--out runs/translation_benchmark] [key=value ...]
+        [--average N] [--out runs/translation_benchmark] [key=value ...]
 
 Per seed: one ``hopperjax.train`` of the recipe, which scores BLEU on the first
 ``data.generate_pairs`` validation pairs at every evaluation (``train.generate_every`` is set to
@@ -13,6 +13,8 @@ is kept for that: ``train.keep_checkpoints`` is raised to hold them all unless t
 gives it; the test split never takes part in the choice, as in the DTA benchmark's protocol),
 and beside it the BLEU of Moses-tokenized, lowercased text that the Multi30k literature reports
 (``hopperjax.scoring.moses_bleu``; added to a kept seed's record from its hypotheses file).
+``--average N`` scores the mean parameters of the N kept checkpoints up to the chosen one
+(checkpoint averaging, ``hopperjax.restore_params(..., average=N)``).
 Seeds already in ``OUT/results.json`` are kept, and a seed whose run stopped part way resumes
 from its newest checkpoint (the trainer's exact resume; its curve and step times come from the
 run's ``metrics.jsonl``, every process's).
@@ -65,7 +67,7 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
     curve = [(r["step"], r["eval_bleu"]) for r in history if "eval_bleu" in r]
     steps = _checkpoint_steps(run_dir)
     best = best_step(curve, steps)
-    restored = restore_params(run_dir, best)
+    restored = restore_params(run_dir, best, average=args.average)
     decode_start = time.perf_counter()
     hyps = restored.workload.translate(
         restored.model, restored.variables, tokenizer, test.sources, beams=args.beams,
@@ -78,6 +80,7 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
     return {
         "seed": seed,
         "step": best,
+        "averaged": list(restored.averaged),
         "last_step": steps[-1],
         "val_bleu": dict(curve).get(best),
         "test": {
@@ -200,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test-split", default="test_2016_flickr")
     parser.add_argument("--beams", type=int, default=4)
     parser.add_argument("--length-penalty", type=float, default=0.6)
+    parser.add_argument(
+        "--average", type=int, default=1, metavar="N",
+        help="score the mean parameters of the N kept checkpoints up to the chosen one "
+        "(checkpoint averaging; 1: the chosen checkpoint's own)",
+    )  # fmt: skip
     parser.add_argument("--out", default="runs/translation_benchmark")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_intermixed_args(argv)
@@ -236,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{jax.default_backend()} device(s), {host}; {args.test_split}, beams {args.beams}, "
         f"length penalty {args.length_penalty}; sacrebleu detokenized, case-sensitive (13a)"
     )
+    if args.average > 1:
+        header += f"; parameters averaged over the {args.average} checkpoints up to the chosen one"
     print(write_table(runs, header, out / "table.md"))
     plot(runs, out / "bleu.png")
     return 0

@@ -285,6 +285,7 @@ def test_translation_benchmark_resumes_a_stopped_seed_from_its_checkpoint(tmp_pa
     (out / "results.json").write_text(json.dumps([run]))
     assert benchmark.main(argv) == 0
     assert "seed 0: kept from" in capsys.readouterr().out
+    assert run["averaged"] == [run["step"]]
     (kept,) = json.loads((out / "results.json").read_text())
     assert kept["test"]["bleu_moses"] == pytest.approx(
         benchmark.moses_bleu(

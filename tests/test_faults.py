@@ -189,6 +189,26 @@ def test_restore_params_passes_over_a_damaged_checkpoint(tiny_config, stopped_te
     assert "skipped checkpoint step 4" in capfd.readouterr().err
 
 
+def test_restore_params_averages_checkpoints_and_refuses_what_it_cannot(
+    tiny_config, stopped_template
+):
+    config = _stopped(tiny_config, stopped_template)
+    two, four = (hopperjax.restore_params(config.run_path, s) for s in (2, 4))
+    averaged = hopperjax.restore_params(config.run_path, average=2)
+    assert (averaged.step, averaged.averaged, four.averaged) == (4, (2, 4), (4,))
+    for a, x, y in zip(*(jax.tree.leaves(r.params) for r in (averaged, two, four)), strict=True):
+        np.testing.assert_allclose(a, (np.asarray(x) + np.asarray(y)) / 2, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(*(jax.tree.leaves(r.params)[0] for r in (two, four)))
+    with pytest.raises(ConfigError, match=r"--average: 2 checkpoints asked for, .* keeps 1"):
+        hopperjax.restore_params(config.run_path, 2, average=2)
+    with pytest.raises(ConfigError, match="--average: expected a positive"):
+        hopperjax.restore_params(config.run_path, average=0)
+    _flip_bits(_largest_file(config.run_path / "checkpoints" / "2"))
+    with pytest.raises(ConfigError, match=r"--average: checkpoint step 2 of .*") as info:
+        hopperjax.restore_params(config.run_path, average=2)
+    assert "\n" not in str(info.value)
+
+
 def test_a_full_disk_is_refused_before_writing_with_one_line(tiny_config, monkeypatch):
     config = _config(tiny_config, "train.stop_after=2")
     hopperjax.train(config, console=False)

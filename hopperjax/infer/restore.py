@@ -18,7 +18,7 @@ import jax
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from hopperjax import workloads
-from hopperjax.checkpoint import Checkpointer, newest_verified
+from hopperjax.checkpoint import Checkpointer, newest_verified, verify
 from hopperjax.config import Config, ConfigError, load_config
 from hopperjax.parallel import merge_rules
 from hopperjax.precision import policy_from_config
@@ -34,6 +34,8 @@ class Restored:
     Attributes:
       variables: ``{"params": ..., <other collections>}`` as ``model.apply`` takes them.
       step: the checkpoint's step.
+      averaged: the checkpoints whose parameters were averaged into ``params`` (oldest first;
+        ``step`` is the last), or ``(step,)`` when none were.
     """
 
     config: Config
@@ -41,6 +43,7 @@ class Restored:
     model: nn.Module
     variables: dict[str, Any]
     step: int
+    averaged: tuple[int, ...] = ()
 
     @property
     def params(self) -> Any:
@@ -48,7 +51,11 @@ class Restored:
 
 
 def restore_params(
-    run_dir: str | Path, step: int | None = None, *, mesh: Mesh | None = None
+    run_dir: str | Path,
+    step: int | None = None,
+    *,
+    mesh: Mesh | None = None,
+    average: int = 1,
 ) -> Restored:
     """The model of ``run_dir`` and its variables at checkpoint ``step`` (default: the newest).
 
@@ -57,10 +64,16 @@ def restore_params(
       step: which checkpoint; None: the newest.
       mesh: lay the variables out over this mesh by the run's logical-axis rules; None: all on
         the first device.
+      average: checkpoint averaging: the parameters are the mean of the ``average`` kept
+        checkpoints up to ``step`` (it included), each of which must verify; the model's other
+        variables (BatchNorm statistics, FP8 scales) are ``step``'s. 1: ``step``'s own.
 
     Raises:
-      ConfigError: not a run directory, no such checkpoint (names ``--run-dir`` or ``--step``).
+      ConfigError: not a run directory, no such checkpoint (names ``--run-dir`` or ``--step``),
+        fewer than ``average`` checkpoints up to ``step`` (names ``--average``).
     """
+    if average < 1:
+        raise ConfigError("--average", f"expected a positive number of checkpoints, got {average}")
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError("--run-dir", f"{run_dir} has no config.yaml: not a hopperjax run")
@@ -107,13 +120,36 @@ def restore_params(
             )
         for bad, problem in problems:
             print(f"hopperjax: skipped checkpoint step {bad}: {problem}", file=sys.stderr)
+        averaged = [s for s in sorted(steps) if s <= step][-average:]
+        if len(averaged) < average:
+            raise ConfigError(
+                "--average",
+                f"{average} checkpoints asked for, {run_dir} keeps {len(averaged)} up to step "
+                f"{step} ({averaged})",
+            )
+        for earlier in averaged[:-1]:  # each one averaged in must verify as the last did
+            if (problem := verify(checkpointer.directory / str(earlier))) is not None:
+                raise ConfigError("--average", f"checkpoint step {earlier} of {run_dir}: {problem}")
         restored = checkpointer.restore_subtrees(step, wanted)
+        params = restored["params"]
+        if average > 1:
+            others = [checkpointer.restore_subtrees(s, {"params": wanted["params"]})["params"]
+                      for s in averaged[:-1]]  # fmt: skip
+            params = jax.tree.map(_mean, params, *others)
     finally:
         checkpointer.close()
-    variables = model_variables(
-        restored["params"], restored.get("fp8"), restored.get("model_state")
-    )
-    return Restored(config, workload, model, variables, step)
+    variables = model_variables(params, restored.get("fp8"), restored.get("model_state"))
+    return Restored(config, workload, model, variables, step, tuple(averaged))
+
+
+def _mean(*leaves: jax.Array) -> jax.Array:
+    """The elementwise mean of checkpoints' copies of one parameter, summed in float32 (bf16
+    parameters lose digits in a running sum); integer leaves, if any, are the last's."""
+    last = leaves[0]
+    if not jax.numpy.issubdtype(last.dtype, jax.numpy.floating):
+        return last
+    total = sum(x.astype(jax.numpy.float32) for x in leaves)
+    return (total / len(leaves)).astype(last.dtype)
 
 
 def abstract_variables(model: nn.Module, workload: Workload, config: Config) -> Any:
