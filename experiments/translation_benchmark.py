@@ -45,6 +45,10 @@ from hopperjax.infer import restore_params
 from hopperjax.scoring import moses_bleu, translation_scores
 
 
+class SeedStopped(Exception):
+    """A seed's training stopped before its last step (SIGTERM, Ctrl-C)."""
+
+
 def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Path) -> dict:
     run_dir = out / f"seed{seed}"
     # BLEU at every evaluation (the curve) unless the command line says otherwise.
@@ -58,8 +62,11 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
         config = config.replace(**{"train.keep_checkpoints": t.steps // t.checkpoint_every + 1})
     resumed_from = (_checkpoint_steps(run_dir) or [0])[-1]
     start = time.perf_counter()
-    hopperjax.train(config, console="bar")
+    result = hopperjax.train(config, console="bar")
     train_s = time.perf_counter() - start
+    end = config.train.stop_after or config.train.steps
+    if int(result.state.step) < end:  # stopped by a signal: nothing to score yet
+        raise SeedStopped(f"seed {seed}: stopped at step {int(result.state.step)} of {end}")
     history = _history(run_dir / "metrics.jsonl")
     d = config.data
     tokenizer = pt.Tokenizer.load(run_dir / "spm.model")
@@ -232,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         except hopperjax.ConfigError as e:
             print(f"translation_benchmark: {e}", file=sys.stderr)
             return 2
+        except SeedStopped as e:
+            print(f"{e}; the same command resumes it from its checkpoint", flush=True)
+            return 0  # as the train command after a signal: stopped cleanly
         test = r["test"]
         print(f"seed {seed}: test BLEU {test['bleu']:.2f} chrF {test['chrf']:.2f}; "
               f"{r['train_s']:.0f} s training, {r['decode_s']:.0f} s decoding",

@@ -234,9 +234,11 @@ def test_ratings_benchmark_on_generated_ratings_scales_steps_and_reports_the_flo
     assert "| 10,000 | 1 |" in table and "| 0.50 |" in table
 
 
-def test_translation_benchmark_resumes_a_stopped_seed_from_its_checkpoint(tmp_path, capsys):
-    """A seed whose run stopped part way (here: train.stop_after) resumes from its checkpoint
-    instead of starting again; its curve and step times cover both processes."""
+def test_translation_benchmark_resumes_a_stopped_seed_from_its_checkpoint(
+    tmp_path, capsys, monkeypatch
+):
+    """A seed whose run stopped part way resumes from its checkpoint instead of starting again;
+    its curve and step times cover both processes."""
     import numpy as np
 
     import hopperjax
@@ -259,12 +261,17 @@ def test_translation_benchmark_resumes_a_stopped_seed_from_its_checkpoint(tmp_pa
             "train.eval_every=2", "train.log_every=1", "train.checkpoint_every=2",
             "optim.warmup_steps=1"]  # fmt: skip
     recipe = str(EXPERIMENTS.parent / "configs" / "multi30k_t5.yaml")
-    stopped = hopperjax.load_config(
-        recipe, [*tiny, "train.generate_every=2", "seed=0",
-                                   f"run_dir={out / 'seed0'}", "train.stop_after=2"],
-    )  # fmt: skip
-    hopperjax.train(stopped, console=False)
     argv = ["--config", recipe, "--seeds", "0", "--beams", "1", "--out", str(out), *tiny]
+    # A signal part way (here: a stop after step 2) stops the benchmark cleanly, nothing scored.
+    train = hopperjax.train
+    monkeypatch.setattr(
+        benchmark.hopperjax, "train",
+        lambda config, console: train(config.replace(**{"train.stop_after": 2}), console=False),
+    )  # fmt: skip
+    assert benchmark.main(argv) == 0
+    assert "seed 0: stopped at step 2 of 4; the same command resumes" in capsys.readouterr().out
+    assert not (out / "results.json").exists()
+    monkeypatch.setattr(benchmark.hopperjax, "train", train)
     assert benchmark.main(argv) == 0
     assert "resuming an unfinished run from step 2" in capsys.readouterr().out
     (run,) = json.loads((out / "results.json").read_text())
