@@ -14,7 +14,9 @@ gives it; the test split never takes part in the choice, as in the DTA benchmark
 and beside it the BLEU of Moses-tokenized, lowercased text that the Multi30k literature reports
 (``hopperjax.scoring.moses_bleu``; added to a kept seed's record from its hypotheses file).
 ``--average N`` scores the mean parameters of the N kept checkpoints up to the chosen one
-(checkpoint averaging, ``hopperjax.restore_params(..., average=N)``).
+(checkpoint averaging, ``hopperjax.restore_params(..., average=N)``; fewer when fewer precede
+it, and the table's step cell names them). ``train.stop_after`` is refused: a seed is scored
+once, when its run has finished; stop one with a signal and the same command resumes it.
 Seeds already in ``OUT/results.json`` are kept, and a seed whose run stopped part way resumes
 from its newest checkpoint (the trainer's exact resume; its curve and step times come from the
 run's ``metrics.jsonl``, every process's).
@@ -25,6 +27,7 @@ sacremoses)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import sys
@@ -41,6 +44,7 @@ from dta_benchmark import cpu_name
 
 import hopperjax
 from hopperjax.data import parallel_text as pt
+from hopperjax.data.errors import DataError
 from hopperjax.infer import restore_params
 from hopperjax.scoring import moses_bleu, translation_scores
 
@@ -57,16 +61,21 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
     config = hopperjax.load_config(args.config, [*overrides, f"seed={seed}", f"run_dir={run_dir}"])
     if config.train.generate_every is None:
         config = config.replace(**{"train.generate_every": config.train.eval_every})
+    if config.train.stop_after is not None:  # it would score a run that has not finished
+        raise hopperjax.ConfigError(
+            "train.stop_after",
+            "the benchmark scores finished runs; stop one with Ctrl-C or SIGTERM instead (the "
+            "same command resumes it)",
+        )
     if not any(o.startswith("train.keep_checkpoints=") for o in overrides):
         t = config.train  # keep every checkpoint, so that the best-BLEU one is there to score
         config = config.replace(**{"train.keep_checkpoints": t.steps // t.checkpoint_every + 1})
     resumed_from = (_checkpoint_steps(run_dir) or [0])[-1]
     start = time.perf_counter()
-    result = hopperjax.train(config, console="bar")
+    reached = int(hopperjax.train(config, console="bar").state.step)  # the state is let go
     train_s = time.perf_counter() - start
-    end = config.train.stop_after or config.train.steps
-    if int(result.state.step) < end:  # stopped by a signal: nothing to score yet
-        raise SeedStopped(f"seed {seed}: stopped at step {int(result.state.step)} of {end}")
+    if reached < config.train.steps:  # stopped by a signal: nothing to score yet
+        raise SeedStopped(f"seed {seed}: stopped at step {reached} of {config.train.steps}")
     history = _history(run_dir / "metrics.jsonl")
     d = config.data
     tokenizer = pt.Tokenizer.load(run_dir / "spm.model")
@@ -74,7 +83,10 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
     curve = [(r["step"], r["eval_bleu"]) for r in history if "eval_bleu" in r]
     steps = _checkpoint_steps(run_dir)
     best = best_step(curve, steps)
-    restored = restore_params(run_dir, best, average=args.average)
+    # Averages what there is when fewer than --average checkpoints precede the chosen one (the
+    # record's "averaged" says which): a finished run is not thrown away for want of one.
+    average = min(args.average, len([s for s in steps if s <= best]))
+    restored = restore_params(run_dir, best, average=average)
     decode_start = time.perf_counter()
     hyps = restored.workload.translate(
         restored.model, restored.variables, tokenizer, test.sources, beams=args.beams,
@@ -117,14 +129,23 @@ def _save(done: dict[int, dict], results: Path) -> None:
 
 def _add_moses_bleu(record: dict, args: argparse.Namespace, out: Path) -> bool:
     """Adds the Moses-tokenized, lowercased BLEU to a kept seed's record that predates it,
-    scored from the hypotheses the seed wrote (nothing when they are gone)."""
-    hyp = out / f"seed{record['seed']}.{args.test_split}.hyp"
-    if "bleu_moses" in record["test"] or not hyp.is_file():
+    scored from the hypotheses the seed wrote; when it cannot (no hypotheses file, or one that
+    does not match the test split, or the data gone), says why in one line and adds nothing."""
+    hyp = out / f"seed{record.get('seed')}.{args.test_split}.hyp"
+    if "test" not in record or "bleu_moses" in record["test"] or not hyp.is_file():
         return False
-    config = hopperjax.load_config(args.config, args.overrides)
-    d = config.data
-    test = pt.read_pairs(d.path, args.test_split, d.source_lang, d.target_lang)
-    hyps = hyp.read_text().split("\n")[: len(test.targets)]
+    try:
+        d = hopperjax.load_config(args.config, args.overrides).data
+        test = pt.read_pairs(d.path, args.test_split, d.source_lang, d.target_lang)
+    except (hopperjax.ConfigError, DataError, OSError) as e:
+        print(f"seed {record['seed']}: Moses-tokenized BLEU not added: {e}", file=sys.stderr)
+        return False
+    text = hyp.read_text(encoding="utf-8")
+    hyps = text.removesuffix("\n").split("\n")
+    if len(hyps) != len(test.targets):
+        print(f"seed {record['seed']}: Moses-tokenized BLEU not added: {hyp} has {len(hyps)} "
+              f"lines, {args.test_split} {len(test.targets)} pairs", file=sys.stderr)  # fmt: skip
+        return False
     record["test"]["bleu_moses"] = moses_bleu(hyps, test.targets, d.target_lang)
     return True
 
@@ -176,7 +197,7 @@ def write_table(runs: list[dict], header: str, path: Path) -> str:
     for r in runs:
         steps_s = r.get("steps_s", r["train_s"])  # results of earlier versions: train_s
         lines.append(
-            f"| {r['seed']} | {r['step']} of {r.get('last_step', r['step'])} | "
+            f"| {r['seed']} | {r['step']} of {r.get('last_step', r['step'])}{_mean_of(r)} | "
             f"{float('nan') if r.get('val_bleu') is None else r['val_bleu']:.2f} | "
             f"{r['test']['bleu']:.2f} | "
             f"{r['test']['chrf']:.2f} | "
@@ -186,6 +207,12 @@ def write_table(runs: list[dict], header: str, path: Path) -> str:
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
+
+
+def _mean_of(record: dict) -> str:
+    """The step cell's note when the scored parameters were a mean of checkpoints."""
+    averaged = record.get("averaged") or [record["step"]]
+    return f" (mean of {', '.join(map(str, averaged))})" if len(averaged) > 1 else ""
 
 
 def plot(runs: list[dict], path: Path) -> None:
@@ -218,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/translation_benchmark")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_intermixed_args(argv)
+    if args.average < 1:
+        parser.error(f"--average: expected a positive number of checkpoints, got {args.average}")
+    if importlib.util.find_spec("sacremoses") is None:  # before hours of training, not after
+        print("translation_benchmark: scoring needs sacremoses (pip install "
+              "'hopperjax[translate]')", file=sys.stderr)  # fmt: skip
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -254,8 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{jax.default_backend()} device(s), {host}; {args.test_split}, beams {args.beams}, "
         f"length penalty {args.length_penalty}; sacrebleu detokenized, case-sensitive (13a)"
     )
-    if args.average > 1:
-        header += f"; parameters averaged over the {args.average} checkpoints up to the chosen one"
+
     print(write_table(runs, header, out / "table.md"))
     plot(runs, out / "bleu.png")
     return 0

@@ -226,8 +226,8 @@ def translation_scores(hypotheses: list[str], references: list[str]) -> dict[str
     0-100 scale: ``bleu`` and ``chrf`` with sacrebleu's defaults (case-sensitive, its 13a
     tokenization for BLEU: the WMT convention), and ``bleu_lowercase``, the same BLEU of
     lowercased text, which is closer to the tokenized, lowercased BLEU that much of the Multi30k
-    literature reports (still not equal: its references are Moses-tokenized; ``moses_bleu``
-    computes that one). Needs sacrebleu
+    literature reports (still not equal: its references are Moses-tokenized, which
+    ``moses_bleu`` reproduces). Needs sacrebleu
     (``pip install 'hopperjax[translate]'``)."""
     if len(hypotheses) != len(references) or not references:
         raise ValueError(
@@ -242,32 +242,39 @@ def translation_scores(hypotheses: list[str], references: list[str]) -> dict[str
     }
 
 
+def moses_tokenize(lines: list[str], lang: str) -> list[str]:
+    """``lines`` as the Multi30k literature scores them: lowercased, then punctuation normalized
+    and tokenized by the Moses scripts for ``lang`` (sacremoses, their Python port, with Perl
+    parity: ``&quot;`` escapes, hyphenated compounds kept whole), as the dataset's own
+    ``tok/*.lc.norm.tok.*`` files were made (its ``scripts/task1-tokenize.sh``: ``lowercase.perl
+    | normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG``); applied to the raw German
+    test_2016_flickr references it gives their 12,103 tokens. Needs sacremoses."""
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    normalizer = MosesPunctNormalizer(lang=lang, perl_parity=True)
+    tokenizer = MosesTokenizer(lang=lang)
+    return [
+        tokenizer.tokenize(normalizer.normalize(s.lower()), return_str=True, escape=True)
+        for s in lines
+    ]
+
+
 def moses_bleu(hypotheses: list[str], references: list[str], lang: str) -> float:
-    """Corpus BLEU (0-100) as the Multi30k literature computes it: both sides lowercased,
-    punctuation normalized and tokenized by the Moses scripts for ``lang`` (``&quot;`` escapes,
-    hyphenated compounds kept whole), then BLEU of the whitespace tokens, as fairseq's scorer and
-    multi-bleu.perl count them. This is how the dataset's own ``tok/*.lc.norm.tok.*`` files were
-    made (Moses' lowercase, normalize-punctuation and tokenizer scripts) and what papers that
-    train on them report; applied to the raw German test_2016_flickr references it gives their
-    12,103 tokens. Reads higher than detokenized, case-sensitive BLEU (``translation_scores``'s
-    ``bleu``), so compare each figure with the literature's of the same kind only. Needs
-    sacremoses and sacrebleu (``pip install 'hopperjax[translate]'``)."""
+    """Corpus BLEU (0-100) as the Multi30k literature computes it: of both sides'
+    ``moses_tokenize`` tokens (whitespace-split, as fairseq's scorer and multi-bleu.perl count
+    them), which is what papers that train on the dataset's tokenized files report. Reads higher
+    than detokenized, case-sensitive BLEU (``translation_scores``'s ``bleu``), so compare each
+    figure with the literature's of the same kind only. Needs sacremoses and sacrebleu (``pip
+    install 'hopperjax[translate]'``)."""
     if len(hypotheses) != len(references) or not references:
         raise ValueError(
             f"expected one hypothesis per reference, got {len(hypotheses)} and {len(references)}"
         )
     import sacrebleu
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-    normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
-
-    def tok(lines: list[str]) -> list[str]:
-        return [
-            tokenizer.tokenize(normalizer.normalize(s.lower()), return_str=True, escape=True)
-            for s in lines
-        ]
-
-    return sacrebleu.corpus_bleu(tok(hypotheses), [tok(references)], tokenize="none").score
+    hyps, refs = moses_tokenize(hypotheses, lang), moses_tokenize(references, lang)
+    # force: the text is tokenized on purpose (sacrebleu would warn that it looks tokenized).
+    return sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", force=True).score
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:

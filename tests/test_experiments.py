@@ -288,18 +288,27 @@ def test_translation_benchmark_resumes_a_stopped_seed_from_its_checkpoint(
     # that predates it gets it from the hypotheses file the seed wrote.
     assert 0.0 <= run["test"]["bleu_moses"] <= 100.0
     assert "Moses-tokenized lowercased" in (out / "table.md").read_text()
-    del run["test"]["bleu_moses"]
+    scored = run["test"].pop("bleu_moses")
     (out / "results.json").write_text(json.dumps([run]))
     assert benchmark.main(argv) == 0
     assert "seed 0: kept from" in capsys.readouterr().out
     assert run["averaged"] == [run["step"]]
     (kept,) = json.loads((out / "results.json").read_text())
-    assert kept["test"]["bleu_moses"] == pytest.approx(
-        benchmark.moses_bleu(
-            (out / "seed0.test_2016_flickr.hyp").read_text().split("\n")[:20],
-            (data / "test_2016_flickr.de").read_text().split("\n"), "de",
-        )
-    )  # fmt: skip
+    assert kept["test"]["bleu_moses"] == scored
+    # Refused in one line before any training: a scored run must have finished, and --average.
+    stop = [*argv[:3], "1", *argv[4:], "train.stop_after=2"]
+    assert benchmark.main(stop) == 2
+    assert "train.stop_after" in capsys.readouterr().err and not (out / "seed1").exists()
+    with pytest.raises(SystemExit) as info:
+        benchmark.main([*argv, "--average", "0"])
+    assert info.value.code == 2 and "--average" in capsys.readouterr().err
+    # Checkpoint averaging: the mean of the kept checkpoints up to the chosen one (BLEU only at
+    # step 4 here, so that one), named in the table; asked for more than there are (3 of 2):
+    # the mean of what there is.
+    only_last = [*argv[:3], "2", *argv[4:], "train.generate_every=4"]
+    assert benchmark.main([*only_last, "--average", "3"]) == 0
+    assert json.loads((out / "results.json").read_text())[-1]["averaged"] == [2, 4]
+    assert "| 2 | 4 of 4 (mean of 2, 4) |" in (out / "table.md").read_text()
 
 
 def test_quantize_compare_tables_each_scheme_against_the_float_model(tmp_path):

@@ -34,8 +34,8 @@ class Restored:
     Attributes:
       variables: ``{"params": ..., <other collections>}`` as ``model.apply`` takes them.
       step: the checkpoint's step.
-      averaged: the checkpoints whose parameters were averaged into ``params`` (oldest first;
-        ``step`` is the last), or ``(step,)`` when none were.
+      averaged: from ``restore_params``, the checkpoints whose mean ``params`` are (oldest
+        first, ``step`` the last; ``(step,)`` without averaging); empty when made otherwise.
     """
 
     config: Config
@@ -69,8 +69,9 @@ def restore_params(
         variables (BatchNorm statistics, FP8 scales) are ``step``'s. 1: ``step``'s own.
 
     Raises:
-      ConfigError: not a run directory, no such checkpoint (names ``--run-dir`` or ``--step``),
-        fewer than ``average`` checkpoints up to ``step`` (names ``--average``).
+      ConfigError: not a run directory, no such checkpoint (names ``--run-dir`` or ``--step``);
+        ``average`` below 1, fewer than ``average`` checkpoints up to ``step``, or one of them
+        that does not verify (names ``--average``).
     """
     if average < 1:
         raise ConfigError("--average", f"expected a positive number of checkpoints, got {average}")
@@ -132,24 +133,30 @@ def restore_params(
                 raise ConfigError("--average", f"checkpoint step {earlier} of {run_dir}: {problem}")
         restored = checkpointer.restore_subtrees(step, wanted)
         params = restored["params"]
-        if average > 1:
-            others = [checkpointer.restore_subtrees(s, {"params": wanted["params"]})["params"]
-                      for s in averaged[:-1]]  # fmt: skip
-            params = jax.tree.map(_mean, params, *others)
+        if average > 1:  # a running sum: one earlier checkpoint on the device at a time
+            total = jax.tree.map(_widen, params)
+            for earlier in averaged[:-1]:
+                more = checkpointer.restore_subtrees(earlier, {"params": wanted["params"]})
+                total = jax.tree.map(lambda t, x: t + x.astype(t.dtype), total, more["params"])
+            params = jax.tree.map(lambda t, x: _narrow(t / average, x), total, params)
     finally:
         checkpointer.close()
     variables = model_variables(params, restored.get("fp8"), restored.get("model_state"))
     return Restored(config, workload, model, variables, step, tuple(averaged))
 
 
-def _mean(*leaves: jax.Array) -> jax.Array:
-    """The elementwise mean of checkpoints' copies of one parameter, summed in float32 (bf16
-    parameters lose digits in a running sum); integer leaves, if any, are the last's."""
-    last = leaves[0]
+def _widen(x: jax.Array) -> jax.Array:
+    """A parameter as checkpoint averaging sums it: floats in at least float32 (a bf16 running
+    sum loses digits), anything else as it is (``_narrow`` keeps the last checkpoint's)."""
+    if not jax.numpy.issubdtype(x.dtype, jax.numpy.floating):
+        return x
+    return x.astype(jax.numpy.promote_types(x.dtype, jax.numpy.float32))
+
+
+def _narrow(mean: jax.Array, last: jax.Array) -> jax.Array:
     if not jax.numpy.issubdtype(last.dtype, jax.numpy.floating):
         return last
-    total = sum(x.astype(jax.numpy.float32) for x in leaves)
-    return (total / len(leaves)).astype(last.dtype)
+    return mean.astype(last.dtype)
 
 
 def abstract_variables(model: nn.Module, workload: Workload, config: Config) -> Any:
