@@ -3,8 +3,9 @@
 Prints the translation of each sentence (the TEXT arguments, or one per line of ``--input``, or
 of standard input) by a translation run's newest checkpoint (or ``--step``), with the run's own
 tokenizer (``spm.model``): beam search with ``--beams`` hypotheses (1: greedy) and GNMT's length
-penalty ``--length-penalty``. Only the parameters are restored. Errors (no run, no checkpoint, a
-run that is not a translation run, an unreadable input): one line, exit code 2.
+penalty ``--length-penalty``. Only the parameters are restored; ``--average N`` uses the mean of
+the N kept checkpoints up to that one (checkpoint averaging). Errors (no run, no checkpoint, too
+few to average, a run that is not a translation run, an unreadable input): one line, exit 2.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hopperjax.translate", description=__doc__)
     parser.add_argument("--run-dir", required=True, help="a translation run directory")
     parser.add_argument("--step", type=int, help="checkpoint step (default: the newest)")
+    parser.add_argument(
+        "--average", type=int, default=1, metavar="N",
+        help="translate with the mean parameters of the N kept checkpoints up to --step",
+    )  # fmt: skip
     parser.add_argument("--input", help="a text file, one sentence per line")
     parser.add_argument("--beams", type=int, default=4, help="beam size (1: greedy)")
     parser.add_argument("--length-penalty", type=float, default=0.6)
@@ -42,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError("--input", f"cannot read {args.input}: {e}") from None
         else:
             sentences = args.text or sys.stdin.read().splitlines()
-        restored = restore_params(run_dir, args.step)
+        restored = restore_params(run_dir, args.step, average=args.average)
         workload = restored.workload
         if not hasattr(workload, "translate"):
             raise ConfigError(

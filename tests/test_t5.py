@@ -155,6 +155,10 @@ def test_translate_cli_prints_one_line_per_sentence_and_errors_are_one_line(tmp_
     assert translate.main(["--run-dir", str(tmp_path / "nowhere"), "x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hopperjax.translate: --run-dir:") and err.count("\n") == 1
+    assert translate.main([*argv, "--average", "2"]) == 2  # one checkpoint (step 10) to average
+    err = capsys.readouterr().err
+    assert err.startswith("hopperjax.translate: --average: 2 checkpoints asked for")
+    assert err.count("\n") == 1
 
 
 def test_generation_metrics_score_the_held_out_references_on_their_cadence(tmp_path, monkeypatch):
