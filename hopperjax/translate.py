@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = Path(args.run_dir)
     try:
+        if args.average < 1:  # before reading standard input
+            raise ConfigError("--average", f"expected a positive number, got {args.average}")
         if args.beams < 1 or args.batch < 1:
             raise ConfigError("--beams", f"--beams and --batch must be >= 1, got {args.beams}, "
                               f"{args.batch}")  # fmt: skip

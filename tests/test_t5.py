@@ -142,8 +142,8 @@ def test_translate_cli_prints_one_line_per_sentence_and_errors_are_one_line(tmp_
 
     overrides = ["workload=translation", *workloads.get("translation").smoke_overrides,
                  f"run_dir={tmp_path / 'run'}", "train.steps=10", "train.eval_every=10",
-                 "train.checkpoint_every=10", "train.log_every=5", "train.generate_every=10",
-                 "data.generate_pairs=8", "data.beams=2"]  # fmt: skip
+                 "train.checkpoint_every=5", "train.log_every=5", "train.generate_every=10",
+                 "data.generate_pairs=8", "data.beams=2", "train.keep_checkpoints=2"]  # fmt: skip
     result = hopperjax.train(hopperjax.load_config(None, overrides), console=False)
     [record] = [r for r in result.history if "eval_loss" in r]
     assert record["step"] == 10
@@ -155,10 +155,14 @@ def test_translate_cli_prints_one_line_per_sentence_and_errors_are_one_line(tmp_
     assert translate.main(["--run-dir", str(tmp_path / "nowhere"), "x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hopperjax.translate: --run-dir:") and err.count("\n") == 1
-    assert translate.main([*argv, "--average", "2"]) == 2  # one checkpoint (step 10) to average
+    assert translate.main([*argv, "--average", "2"]) == 0  # the mean of steps 5 and 10
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert translate.main([*argv, "--average", "3"]) == 2  # two checkpoints kept
     err = capsys.readouterr().err
-    assert err.startswith("hopperjax.translate: --average: 2 checkpoints asked for")
+    assert err.startswith("hopperjax.translate: --average: 3 checkpoints asked for")
     assert err.count("\n") == 1
+    assert translate.main([*argv, "--average", "0"]) == 2
+    assert capsys.readouterr().err.startswith("hopperjax.translate: --average: expected a positive")
 
 
 def test_generation_metrics_score_the_held_out_references_on_their_cadence(tmp_path, monkeypatch):
