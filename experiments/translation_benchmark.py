@@ -287,7 +287,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{jax.default_backend()} device(s), {host}; {args.test_split}, beams {args.beams}, "
         f"length penalty {args.length_penalty}; sacrebleu detokenized, case-sensitive (13a)"
     )
-
     print(write_table(runs, header, out / "table.md"))
     plot(runs, out / "bleu.png")
     return 0
