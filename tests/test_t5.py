@@ -72,6 +72,24 @@ def test_forward_flops_count_the_compiled_gemms():
     assert analytic <= xla["flops"] <= 1.25 * analytic
 
 
+@pytest.mark.parametrize("d_model", [32, 128])
+def test_tied_head_logits_start_at_unit_scale_whatever_d_model(d_model):
+    # The tied head's logits start at std ~1 (rows of the embedding at norm ~1 against the final
+    # norm's output): with an extra d_model ** -0.5 they started at ~0.09 at d_model 128 and
+    # the model learned slowly (docs/translation.md).
+    config = dataclasses.replace(CONFIG, d_model=d_model, vocab_size=512, tie_embeddings=True)
+    model = t5.T5(config, hopperjax.get_policy("fp32"), RematConfig())
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(3, 512, (4, LEN)), jnp.int32)
+    ones = jnp.ones((4, LEN), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(LEN), (4, LEN))
+    args = (ids, ones, positions, ids, ones, positions)
+    params = model.init(jax.random.key(0), *args)
+    assert "lm_head" not in params["params"]["decoder"]
+    logits = np.asarray(model.apply(params, *args))
+    assert 0.7 < logits.std() < 1.4
+
+
 def test_config_errors_name_the_key():
     with pytest.raises(hopperjax.ConfigError, match=r"model\.n_heads"):
         t5.T5Config(d_model=32, n_heads=3).validate()
