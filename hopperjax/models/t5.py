@@ -9,8 +9,9 @@ positions (T5 learns relative position buckets instead; RoPE is relative too, ne
 parameters and runs inside cuDNN's fused attention), none on cross-attention, as in T5.
 
 Encoder and decoder are each one ``nn.scan`` over their blocks (a "layers" parameter axis), with
-their own remat policy. The output head is the embedding matrix (tied, as in T5
-v1.0 and fairseq's shared embeddings) or a separate ``lm_head`` (v1.1's).
+their own remat policy. The output head is the embedding matrix (tied, unscaled
+as in fairseq's shared embeddings; T5 v1.0 scales it by ``d_model ** -0.5`` over embeddings at
+std 1) or a separate ``lm_head`` (v1.1's).
 """
 
 from __future__ import annotations
@@ -389,8 +390,8 @@ class T5(nn.Module):
         # v1.0's, there with embeddings at std 1) these rows bound every logit by ~1 until
         # Adam, moving each entry by ~lr per step, grows them. At the recipe's shape, 300 steps
         # of 16 rows: validation loss 5.59 that way, 5.07 with std-1 embeddings, 4.17 as here,
-        # 4.09 untied. At init, on random tokens, the loss is 11.2 here against ln(8,000) = 9.0
-        # (the input token's own logit starts high).
+        # 4.09 untied. At init, on random tokens, the loss is 11.2 here against ln(8,000) = 9.0:
+        # the input token's own logit starts at ~sqrt(d_model) (11 at d_model 128).
         embed = layers.embed(
             cfg.vocab_size,
             cfg.d_model,
