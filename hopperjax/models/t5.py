@@ -386,12 +386,9 @@ class T5(nn.Module):
         cfg, policy = self.config, self.policy
         # Embeddings start at std d_model ** -0.5 (rows of norm ~1), and the tied head is the
         # plain product with the final norm's output (norm ~sqrt(d_model)), so its logits
-        # start at std ~1 whatever d_model. With an extra d_model ** -0.5 on the head (T5
-        # v1.0's, there with embeddings at std 1) these rows bound every logit by ~1 until
-        # Adam, moving each entry by ~lr per step, grows them. At the recipe's shape, 300 steps
-        # of 16 rows: validation loss 5.59 that way, 5.07 with std-1 embeddings, 4.17 as here,
-        # 4.09 untied. At init, on random tokens, the loss is 11.2 here against ln(8,000) = 9.0:
-        # the input token's own logit starts at ~sqrt(d_model) (11 at d_model 128).
+        # start at std ~1 whatever d_model. An extra d_model ** -0.5 on the head would bound
+        # every logit by ~1 until Adam, moving each entry by ~lr per step, grew these rows: it
+        # learned slowly (docs/translation.md, "Model", has the measurements).
         embed = layers.embed(
             cfg.vocab_size,
             cfg.d_model,
