@@ -432,3 +432,33 @@ def test_no_batch_is_copied_to_a_device_during_a_compiled_steps_first_run(monkey
     assert not [t for t in copies if window["start"] < t < window["end"]]
     assert any(t > window["end"] for t in copies)  # and resumed
     assert sum(t < window["start"] for t in copies) >= 3
+
+
+class _EpochSource:
+    """Ten examples whose values change every epoch (value = 100 * epoch + index)."""
+
+    def __init__(self):
+        self.built = []
+
+    def __len__(self):
+        return 10
+
+    def for_epoch(self, epoch):
+        self.built.append(epoch)
+        values = 100 * epoch + np.arange(10)
+        return type("View", (), {"batch": staticmethod(lambda order: {"x": values[order]})})()
+
+
+def test_a_per_epoch_source_serves_each_epoch_its_own_view_built_once():
+    from hopperjax.data import EpochBatches
+
+    source = _EpochSource()
+    batches = EpochBatches(source, global_batch=4, rows=4, seed=1)  # 2 batches per epoch
+    seen = [batches[i]["x"] for i in range(6)]
+    for i, x in enumerate(seen):
+        epoch = i // 2
+        assert ((x // 100) == epoch).all() and len(set((x % 100).tolist())) == 4
+    assert source.built == [0, 1, 2]  # one build per epoch, however many batches read it
+    # Batch i depends on i alone: a fresh reader (a resumed run, a worker) reads the same.
+    again = pickle.loads(pickle.dumps(EpochBatches(_EpochSource(), 4, rows=4, seed=1)))
+    np.testing.assert_array_equal(again[5]["x"], seen[5])

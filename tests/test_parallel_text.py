@@ -120,3 +120,56 @@ def test_packing_keeps_examples_whole_separate_and_shifted():
         assert (np.diff(used.astype(int), axis=1) <= 0).all()
     naive = 1 - (np.minimum(lengths, 16).sum()) / (40 * 2 * 16)  # one example per row
     assert packed.padding < naive / 2
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_sampled_segmentations_are_seeded_and_keep_the_text(model_type):
+    pairs = pt.synthetic_pairs(300, seed=0)
+    sentences = [*pairs.sources, *pairs.targets]
+    tok = pt.train_tokenizer(sentences, vocab_size=56, model_type=model_type)
+    alpha = 0.1 if model_type == "unigram" else 0.3  # bpe: a merge's dropout probability
+    first = tok.sample(sentences, alpha=alpha, nbest=-1, seed=1)
+    again = tok.sample(sentences, alpha=alpha, nbest=-1, seed=1)
+    other = tok.sample(sentences, alpha=alpha, nbest=-1, seed=2)
+    plain = tok.encode(sentences)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert sum(not np.array_equal(a, b) for a, b in zip(first, other, strict=True)) > 100
+    assert sum(not np.array_equal(a, b) for a, b in zip(first, plain, strict=True)) > 100
+    for ids, text in zip(first, sentences, strict=True):
+        assert ids[-1] == pt.EOS_ID and tok.decode(ids) == text
+
+
+def test_resampled_rows_change_every_epoch_keep_each_pair_and_survive_pickling():
+    import pickle
+
+    pairs = pt.synthetic_pairs(300, seed=0)
+    tok = pt.train_tokenizer([*pairs.sources, *pairs.targets], vocab_size=56)
+    source, first = pt.Resampled.build(
+        tok, pairs, alpha=0.1, nbest=16, seed=4, source_len=64, target_len=64
+    )
+    assert len(source) == first.rows == source.rows and first.examples == 300
+    views = [source.for_epoch(e) for e in (0, 1, 1)]
+    for view in views:
+        assert all(v.shape == (source.rows, 64) for v in view.arrays.values())
+        assert view.truncated == 0
+    np.testing.assert_array_equal(views[0].arrays["source"], first.arrays["source"])
+    np.testing.assert_array_equal(views[1].arrays["target"], views[2].arrays["target"])
+    assert not np.array_equal(views[0].arrays["source"], views[1].arrays["source"])
+    # Every packed example is one of the pairs, its source beside its own target.
+    translation = dict(zip(pairs.sources, pairs.targets, strict=True))
+    a, seen = views[1].arrays, 0
+    for r in range(source.rows):
+        for segment in range(1, a["source_segments"][r].max() + 1):
+            text = tok.decode(a["source"][r, a["source_segments"][r] == segment])
+            assert (
+                tok.decode(a["target"][r, a["target_segments"][r] == segment])
+                == (translation[text])
+            )
+            seen += 1
+    assert seen == views[1].examples and seen > 250  # an epoch that packs longer drops a few
+    # What grain's worker processes receive builds the same epochs.
+    copy = pickle.loads(pickle.dumps(source))
+    np.testing.assert_array_equal(copy.for_epoch(1).arrays["source"], a["source"])
+    cut = first.with_rows(3)
+    assert cut.rows == 3 and cut.examples == int(first.arrays["source_segments"][:3].max(1).sum())
+    assert first.with_rows(first.rows + 2).rows == first.rows + 2

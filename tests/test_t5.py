@@ -221,6 +221,30 @@ def test_generate_every_is_checked_against_eval_every_and_the_workload():
         hopperjax.load_config(None, ["train.generate_every=100"])  # language modeling
     with pytest.raises(hopperjax.ConfigError, match=r"data\.beams"):
         hopperjax.load_config(None, [*smoke, "data.beams=0"])
+    with pytest.raises(hopperjax.ConfigError, match=r"data\.subword_alpha.*>= 0, got -0\.1"):
+        hopperjax.load_config(None, [*smoke, "data.subword_alpha=-0.1"])
+    with pytest.raises(hopperjax.ConfigError, match=r"data\.subword_alpha.*merge's dropout"):
+        hopperjax.load_config(None, [*smoke, "data.tokenizer=bpe", "data.subword_alpha=1.0"])
+    with pytest.raises(hopperjax.ConfigError, match=r"data\.subword_nbest.*got 1"):
+        hopperjax.load_config(None, [*smoke, "data.subword_alpha=0.1", "data.subword_nbest=1"])
+
+
+def test_subword_regularization_trains_on_rows_sampled_anew_each_epoch(tmp_path):
+    """``data.subword_alpha``: the training rows are segmented and packed anew every epoch (the
+    data-level properties are in test_parallel_text.py); a run crosses epochs and learns."""
+    overrides = ["workload=translation", *workloads.get("translation").smoke_overrides,
+                 f"run_dir={tmp_path}", "train.steps=12", "train.eval_every=12",
+                 "train.checkpoint_every=12", "train.log_every=4", "data.subword_alpha=0.1",
+                 "data.subword_nbest=8", "data.synthetic_pairs=100"]  # fmt: skip
+    config = hopperjax.load_config(None, overrides)
+    workload = workloads.get("translation")(config)
+    datasets = workload.build_datasets(ProcessShard())
+    assert 12 > datasets.meta.train_rows // 16 >= 1  # the run sees more than one epoch
+    first, later = datasets.train[0], datasets.train[datasets.meta.train_rows // 16]
+    assert not np.array_equal(first["source"], later["source"])
+    result = hopperjax.train(config, console=False)
+    losses = [r["loss"] for r in result.history if "loss" in r]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
 
 
 def test_t5_base_config_is_t5_base_sized_and_shards_every_matrix_over_fsdp_and_tensor(tmp_path):

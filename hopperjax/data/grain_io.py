@@ -10,6 +10,7 @@ knows a workload.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any, Generic, TypeVar
 
 import grain
@@ -19,6 +20,10 @@ from absl import flags
 from hopperjax.config import DataConfig
 
 Meta = TypeVar("Meta")
+
+# Builds of a per-epoch view (``EpochBatches``): one at a time per process, so grain's reader
+# threads reaching a new epoch together build it once.
+_EPOCH_VIEW_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +69,11 @@ class EpochBatches:
     ``epochs`` None is endless (training runs for train.steps). One gather per batch: reading
     and stacking record by record cost ~17 ms per 512 CIFAR images on one core, under what a GPU
     step consumes. The position is a batch index, so a run resumes exactly. Any source with
-    ``len()`` and ``batch(indices)`` serves (decoded images, packed rows of text, ...).
+    ``len()`` and ``batch(indices)`` serves (decoded images, packed rows of text, ...). A source
+    whose examples change every epoch (text segmented anew, ``parallel_text.Resampled``) has
+    ``for_epoch(epoch)`` instead of ``batch``, returning that epoch's view (``len()`` examples
+    and ``batch``), a pure function of the epoch so that resuming stays exact; the latest view
+    is kept.
     """
 
     source: Any  # len() and batch(order) -> a batch: images.ImageSet, parallel_text rows, ...
@@ -96,7 +105,20 @@ class EpochBatches:
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         epoch, slot = divmod(int(index), len(self.source) // self.global_batch)
         start = slot * self.global_batch + self.offset
-        return self.source.batch(self._order(epoch)[start : start + self.rows])
+        return self._view(epoch).batch(self._order(epoch)[start : start + self.rows])
+
+    def _view(self, epoch: int) -> Any:
+        if not hasattr(self.source, "for_epoch"):
+            return self.source
+        cached = self.__dict__.get("_view_cache")
+        if cached is not None and cached[0] == epoch:
+            return cached[1]
+        with _EPOCH_VIEW_LOCK:
+            cached = self.__dict__.get("_view_cache")
+            if cached is None or cached[0] != epoch:
+                cached = (epoch, self.source.for_epoch(epoch))
+                self.__dict__["_view_cache"] = cached
+        return cached[1]
 
     def _order(self, epoch: int) -> np.ndarray:
         # One epoch's permutation kept per process; grain reads from several threads, so the
@@ -111,7 +133,7 @@ class EpochBatches:
         return order
 
     def __getstate__(self) -> dict[str, Any]:  # worker processes compute their own
-        return {k: v for k, v in self.__dict__.items() if k != "_cache"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_view_cache")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

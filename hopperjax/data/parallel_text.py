@@ -22,6 +22,13 @@ tokens, each with segment ids (1, 2, ... per example in the row, 0 for padding) 
 that restart at every example, so a model that masks attention by segment never lets examples
 see each other; every row has one shape, so a step compiles once. The padding left over is
 reported (``Packed.padding``).
+
+Subword regularization (Kudo 2018; BPE-dropout for a BPE model, Provilkov et al. 2020):
+``Resampled`` is a training source whose examples are segmented anew every epoch, one
+segmentation sampled per sentence (``Tokenizer.sample``), and packed again, so the model sees
+many segmentations of the same text; the text itself never changes. An epoch's view is a pure
+function of the seed and the epoch: every process and worker builds the same rows, and a run
+resumes exactly.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import io
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +47,10 @@ from hopperjax import files
 from hopperjax.data.errors import DataError, one_line
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+
+# SentencePiece's sampling draws from one process-wide generator: seeding it and sampling happen
+# under this lock, so concurrent readers (grain's threads) cannot interleave draws.
+_SAMPLING_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +224,33 @@ class Tokenizer:
         ids = self._sp.encode(list(sentences), out_type=int)
         return [np.asarray([*x, EOS_ID], np.int32) for x in ids]
 
+    def sample(
+        self, sentences: Sequence[str], *, alpha: float, nbest: int, seed: int
+    ) -> list[np.ndarray]:
+        """Like ``encode``, but each sentence's segmentation is sampled: a unigram model draws
+        from its ``nbest`` best segmentations (-1: all of them) with probability proportional to
+        P(segmentation) ** ``alpha`` (smaller alpha, more uniform); a BPE model drops each merge
+        with probability ``alpha`` (``nbest`` unused). The same ``seed`` gives the same ids on
+        every process, thread and rerun; decoding gives back the sentence either way."""
+        spm = _sentencepiece()
+        with _SAMPLING_LOCK:
+            spm.set_random_generator_seed(seed)
+            ids = self._sp.encode(
+                list(sentences),
+                out_type=int,
+                enable_sampling=True,
+                alpha=alpha,
+                nbest_size=nbest,
+                num_threads=1,  # one ordered stream of draws
+            )
+        return [np.asarray([*x, EOS_ID], np.int32) for x in ids]
+
+    def __getstate__(self) -> dict[str, Any]:  # to grain's worker processes: the model's bytes
+        return {"proto": self.proto, "name": self.name}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["proto"], name=state["name"])
+
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Text of ``ids`` up to the first ``EOS_ID`` (padding and what follows dropped)."""
         out = []
@@ -276,6 +315,15 @@ class Packed:
         arrays = {k: np.concatenate([v, np.zeros((extra, v.shape[1]), v.dtype)])
                   for k, v in self.arrays.items()}  # fmt: skip
         return dataclasses.replace(self, arrays=arrays)
+
+    def with_rows(self, rows: int) -> Packed:
+        """The first ``rows`` rows, or all of them and empty rows (segment 0: masked) to make
+        ``rows``."""
+        if rows >= self.rows:
+            return self.padded(rows)
+        arrays = {k: v[:rows] for k, v in self.arrays.items()}
+        kept = int(arrays["source_segments"].max(axis=1).sum())  # segment ids run 1..n per row
+        return dataclasses.replace(self, arrays=arrays, examples=kept)
 
     @property
     def padding(self) -> float:
@@ -346,3 +394,50 @@ def pack(
             arrays["target_positions"][r, at_t : at_t + t] = np.arange(t)
             at_s, at_t = at_s + s, at_t + t
     return Packed(arrays, examples=len(order), truncated=truncated)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resampled:
+    """Training rows for subword regularization: ``rows`` rows per epoch, rebuilt every epoch
+    (``for_epoch``, which ``grain_io.EpochBatches`` calls) from a fresh sampled segmentation of
+    every pair (``Tokenizer.sample`` with ``alpha`` and ``nbest``) packed in a fresh order.
+
+    ``rows`` is what epoch 0 packs into (``Resampled.build``); a later epoch whose sampled
+    pieces pack into more rows leaves its last examples out (a different few each epoch, the
+    packing order being shuffled), one that packs into fewer gets empty rows, so every epoch has
+    the same batches. A pure function of ``seed`` and the epoch.
+    """
+
+    tokenizer: Tokenizer
+    pairs: Pairs
+    alpha: float
+    nbest: int
+    seed: int
+    source_len: int
+    target_len: int
+    rows: int
+
+    @classmethod
+    def build(cls, tokenizer: Tokenizer, pairs: Pairs, **kw: Any) -> tuple[Resampled, Packed]:
+        """The source and its epoch 0 (which fixes ``rows``); ``kw``: the other fields."""
+        source = cls(tokenizer, pairs, rows=0, **kw)
+        first = source._pack(0)
+        return dataclasses.replace(source, rows=first.rows), first
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def for_epoch(self, epoch: int) -> Packed:
+        """Epoch ``epoch``'s ``rows`` rows (1-2 s for Multi30k's 29,000 pairs on one core)."""
+        return self._pack(epoch).with_rows(self.rows)
+
+    def _pack(self, epoch: int) -> Packed:
+        seed = int(np.random.SeedSequence((self.seed, epoch)).generate_state(1)[0])
+        n = len(self.pairs)
+        ids = self.tokenizer.sample(
+            [*self.pairs.sources, *self.pairs.targets], alpha=self.alpha, nbest=self.nbest,
+            seed=seed,
+        )  # fmt: skip
+        order = np.random.default_rng(seed).permutation(n)
+        return pack(ids[:n], ids[n:], order, source_len=self.source_len,
+                    target_len=self.target_len)  # fmt: skip

@@ -50,7 +50,12 @@ class ParallelData(config_lib.DataConfig):
     ``synthetic`` (``synthetic_pairs`` generated word-by-word English->German pairs, a quarter as
     many held out). ``source_lang`` / ``target_lang``: the file suffixes. ``source_len`` /
     ``target_len``: tokens per packed row on each side (longer examples are cut, and counted).
-    ``tokenizer``: SentencePiece's ``unigram`` or ``bpe``. ``bad_records``: ``error`` (one line
+    ``tokenizer``: SentencePiece's ``unigram`` or ``bpe``. ``subword_alpha``: subword
+    regularization of the training split, 0 for none: every epoch segments each sentence anew,
+    sampled (unigram: from its ``subword_nbest`` best segmentations, -1 all, with probability
+    proportional to P ** alpha, Kudo 2018's l and alpha; bpe: each merge dropped with
+    probability alpha, BPE-dropout), and packs the rows again; held-out text is never sampled.
+    ``bad_records``: ``error`` (one line
     naming file and line) or ``skip`` (pairs with an empty side, counted). ``label_smoothing``:
     of the training loss's targets. ``generate_pairs``: the first this many held-out pairs are
     translated for ``eval_bleu`` / ``eval_chrf`` when ``train.generate_every`` asks, by beam
@@ -66,6 +71,8 @@ class ParallelData(config_lib.DataConfig):
     source_len: int = 64
     target_len: int = 64
     tokenizer: Literal["unigram", "bpe"] = "unigram"
+    subword_alpha: float = 0.0
+    subword_nbest: int = 64
     bad_records: Literal["error", "skip"] = "error"
     synthetic_pairs: int = 2000
     label_smoothing: float = 0.0
@@ -135,6 +142,14 @@ class Translation(Workload):
                 "train.generate_every",
                 "BLEU needs sacrebleu: pip install 'hopperjax[translate]' (or leave it null)",
             )
+        if d.subword_alpha < 0 or (d.tokenizer == "bpe" and d.subword_alpha >= 1):
+            bound = "0 <= alpha < 1 (bpe: a merge's dropout)" if d.tokenizer == "bpe" else ">= 0"
+            raise ConfigError("data.subword_alpha", f"expected {bound}, got {d.subword_alpha}")
+        if d.subword_nbest != -1 and d.subword_nbest < 2:
+            raise ConfigError(
+                "data.subword_nbest",
+                f"expected -1 (every segmentation) or >= 2 to sample from, got {d.subword_nbest}",
+            )
         config_lib.positive("data.beams", d.beams)
         if d.length_penalty < 0:
             raise ConfigError("data.length_penalty", f"expected >= 0, got {d.length_penalty}")
@@ -194,7 +209,8 @@ class Translation(Workload):
 
     def build_datasets(self, shard: ProcessShard) -> Datasets[TranslationMeta]:
         """This process's rows of every training batch (packed once, rows reshuffled every
-        epoch) and of the held-out split (packed in order, one pass, padded with empty rows to
+        epoch; packed anew every epoch under ``data.subword_alpha``, whose meta figures are
+        epoch 0's) and of the held-out split (packed in order, one pass, padded with empty rows to
         whole global batches).
 
         Raises ConfigError naming the key: bad files (``data.path``), a tokenizer that cannot be
@@ -211,10 +227,17 @@ class Translation(Workload):
         except DataError as e:
             raise ConfigError("model.vocab_size", str(e)) from None
         lengths = dict(source_len=d.source_len, target_len=d.target_len)
-        order = np.random.default_rng(config.seed).permutation(len(train))
-        packed = pt.pack(
-            tokenizer.encode(train.sources), tokenizer.encode(train.targets), order, **lengths
-        )
+        if d.subword_alpha > 0:
+            source, packed = pt.Resampled.build(
+                tokenizer, train, alpha=d.subword_alpha, nbest=d.subword_nbest,
+                seed=config.seed, **lengths,
+            )  # fmt: skip
+        else:
+            order = np.random.default_rng(config.seed).permutation(len(train))
+            packed = pt.pack(
+                tokenizer.encode(train.sources), tokenizer.encode(train.targets), order, **lengths
+            )
+            source = packed
         held_packed = pt.pack(
             tokenizer.encode(held.sources),
             tokenizer.encode(held.targets),
@@ -228,7 +251,7 @@ class Translation(Workload):
             )
         rows, index, count = shard.rows(t.batch_size), shard.index, shard.count
         train_ds = grain.MapDataset.source(
-            EpochBatches(packed, rows * count, rows, index * rows, config.seed, d.shuffle)
+            EpochBatches(source, rows * count, rows, index * rows, config.seed, d.shuffle)
         )
         eval_batch = t.eval_batch_size or t.batch_size
         eval_rows = shard.rows(eval_batch)
