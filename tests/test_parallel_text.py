@@ -122,25 +122,31 @@ def test_packing_keeps_examples_whole_separate_and_shifted():
     assert packed.padding < naive / 2
 
 
-@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
-def test_sampled_segmentations_are_seeded_and_keep_the_text(model_type):
+def test_sampled_segmentations_are_seeded_and_keep_the_text():
     pairs = pt.synthetic_pairs(300, seed=0)
     sentences = [*pairs.sources, *pairs.targets]
-    tok = pt.train_tokenizer(sentences, vocab_size=56, model_type=model_type)
-    alpha = 0.1 if model_type == "unigram" else 0.3  # bpe: a merge's dropout probability
-    first = tok.sample(sentences, alpha=alpha, nbest=-1, seed=1)
-    again = tok.sample(sentences, alpha=alpha, nbest=-1, seed=1)
-    other = tok.sample(sentences, alpha=alpha, nbest=-1, seed=2)
+    tok = pt.train_tokenizer(sentences, vocab_size=56)
+    first = tok.sample(sentences, alpha=0.1, nbest=16, seed=1)
+    again = tok.sample(sentences, alpha=0.1, nbest=16, seed=1)
+    other = tok.sample(sentences, alpha=0.1, nbest=16, seed=2)
     plain = tok.encode(sentences)
     assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
     assert sum(not np.array_equal(a, b) for a, b in zip(first, other, strict=True)) > 100
     assert sum(not np.array_equal(a, b) for a, b in zip(first, plain, strict=True)) > 100
     for ids, text in zip(first, sentences, strict=True):
         assert ids[-1] == pt.EOS_ID and tok.decode(ids) == text
+    # A large alpha concentrates the draw on the best segmentation (what ``encode`` gives).
+    sharp = tok.sample(sentences, alpha=50.0, nbest=16, seed=1)
+    assert sum(np.array_equal(a, b) for a, b in zip(sharp, plain, strict=True)) > 500
+    bpe = pt.train_tokenizer(sentences, vocab_size=56, model_type="bpe")
+    with pytest.raises(DataError, match=r"cannot sample segmentations .*NBestEncode"):
+        bpe.sample(sentences[:2], alpha=0.1, nbest=16, seed=1)
 
 
-def test_resampled_rows_change_every_epoch_keep_each_pair_and_survive_pickling():
+def test_resampled_rows_change_every_epoch_keep_each_pair_and_survive_pickling(tmp_path):
     import pickle
+    import subprocess
+    import sys
 
     pairs = pt.synthetic_pairs(300, seed=0)
     tok = pt.train_tokenizer([*pairs.sources, *pairs.targets], vocab_size=56)
@@ -167,9 +173,23 @@ def test_resampled_rows_change_every_epoch_keep_each_pair_and_survive_pickling()
             )
             seen += 1
     assert seen == views[1].examples and seen > 250  # an epoch that packs longer drops a few
-    # What grain's worker processes receive builds the same epochs.
+    # What grain's worker processes receive (epoch 0 left out) builds the same epochs, and so
+    # does a fresh process (SentencePiece's generator state starts anew there).
     copy = pickle.loads(pickle.dumps(source))
+    assert copy.first is None
+    np.testing.assert_array_equal(copy.for_epoch(0).arrays["source"], first.arrays["source"])
     np.testing.assert_array_equal(copy.for_epoch(1).arrays["source"], a["source"])
+    (tmp_path / "source.pkl").write_bytes(pickle.dumps(source))
+    script = (
+        "import pickle, sys, numpy as np\n"
+        "s = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+        "np.save(sys.argv[2], s.for_epoch(1).arrays['target'])\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "source.pkl"), str(tmp_path / "t.npy")],
+        check=True,
+    )
+    np.testing.assert_array_equal(np.load(tmp_path / "t.npy"), a["target"])
     cut = first.with_rows(3)
     assert cut.rows == 3 and cut.examples == int(first.arrays["source_segments"][:3].max(1).sum())
     assert first.with_rows(first.rows + 2).rows == first.rows + 2

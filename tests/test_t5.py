@@ -223,10 +223,13 @@ def test_generate_every_is_checked_against_eval_every_and_the_workload():
         hopperjax.load_config(None, [*smoke, "data.beams=0"])
     with pytest.raises(hopperjax.ConfigError, match=r"data\.subword_alpha.*>= 0, got -0\.1"):
         hopperjax.load_config(None, [*smoke, "data.subword_alpha=-0.1"])
-    with pytest.raises(hopperjax.ConfigError, match=r"data\.subword_alpha.*merge's dropout"):
-        hopperjax.load_config(None, [*smoke, "data.tokenizer=bpe", "data.subword_alpha=1.0"])
-    with pytest.raises(hopperjax.ConfigError, match=r"data\.subword_nbest.*got 1"):
-        hopperjax.load_config(None, [*smoke, "data.subword_alpha=0.1", "data.subword_nbest=1"])
+    with pytest.raises(hopperjax.ConfigError, match=r"data\.subword_alpha.*unigram.*'bpe'"):
+        hopperjax.load_config(None, [*smoke, "data.tokenizer=bpe", "data.subword_alpha=0.1"])
+    for nbest in (-1, 1, 513):
+        with pytest.raises(hopperjax.ConfigError, match=rf"data\.subword_nbest.*2-512.*{nbest}"):
+            hopperjax.load_config(
+                None, [*smoke, "data.subword_alpha=0.1", f"data.subword_nbest={nbest}"]
+            )
 
 
 def test_subword_regularization_trains_on_rows_sampled_anew_each_epoch(tmp_path):
@@ -239,9 +242,15 @@ def test_subword_regularization_trains_on_rows_sampled_anew_each_epoch(tmp_path)
     config = hopperjax.load_config(None, overrides)
     workload = workloads.get("translation")(config)
     datasets = workload.build_datasets(ProcessShard())
-    assert 12 > datasets.meta.train_rows // 16 >= 1  # the run sees more than one epoch
-    first, later = datasets.train[0], datasets.train[datasets.meta.train_rows // 16]
-    assert not np.array_equal(first["source"], later["source"])
+    per_epoch = datasets.meta.train_rows // 16
+    assert 12 > per_epoch >= 1  # the run sees more than one epoch
+
+    def rows(epoch):  # an epoch's source rows, in any order
+        batches = [datasets.train[epoch * per_epoch + i]["source"] for i in range(per_epoch)]
+        return sorted(map(tuple, np.concatenate(batches).tolist()))
+
+    assert rows(0) != rows(1)  # not just reshuffled: segmented and packed anew
+    assert rows(1) == rows(1)
     result = hopperjax.train(config, console=False)
     losses = [r["loss"] for r in result.history if "loss" in r]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]

@@ -72,8 +72,8 @@ class EpochBatches:
     ``len()`` and ``batch(indices)`` serves (decoded images, packed rows of text, ...). A source
     whose examples change every epoch (text segmented anew, ``parallel_text.Resampled``) has
     ``for_epoch(epoch)`` instead of ``batch``, returning that epoch's view (``len()`` examples
-    and ``batch``), a pure function of the epoch so that resuming stays exact; the latest view
-    is kept.
+    and ``batch``), a pure function of the epoch so that resuming stays exact; the two latest
+    views are kept.
     """
 
     source: Any  # len() and batch(order) -> a batch: images.ImageSet, parallel_text rows, ...
@@ -108,17 +108,20 @@ class EpochBatches:
         return self._view(epoch).batch(self._order(epoch)[start : start + self.rows])
 
     def _view(self, epoch: int) -> Any:
+        # The views of the two latest epochs: readers running ahead across an epoch's end, then
+        # finishing the epoch before it, must not rebuild it.
         if not hasattr(self.source, "for_epoch"):
             return self.source
-        cached = self.__dict__.get("_view_cache")
-        if cached is not None and cached[0] == epoch:
-            return cached[1]
+        view = self.__dict__.get("_view_cache", {}).get(epoch)
+        if view is not None:
+            return view
         with _EPOCH_VIEW_LOCK:
-            cached = self.__dict__.get("_view_cache")
-            if cached is None or cached[0] != epoch:
-                cached = (epoch, self.source.for_epoch(epoch))
-                self.__dict__["_view_cache"] = cached
-        return cached[1]
+            cache = self.__dict__.get("_view_cache", {})
+            if epoch not in cache:
+                kept = sorted(cache)[-1:]  # a new dict, swapped in whole: readers see either
+                cache = {**{e: cache[e] for e in kept}, epoch: self.source.for_epoch(epoch)}
+                self.__dict__["_view_cache"] = cache
+            return cache[epoch]
 
     def _order(self, epoch: int) -> np.ndarray:
         # One epoch's permutation kept per process; grain reads from several threads, so the

@@ -23,7 +23,7 @@ that restart at every example, so a model that masks attention by segment never 
 see each other; every row has one shape, so a step compiles once. The padding left over is
 reported (``Packed.padding``).
 
-Subword regularization (Kudo 2018; BPE-dropout for a BPE model, Provilkov et al. 2020):
+Subword regularization (Kudo 2018, with a unigram model):
 ``Resampled`` is a training source whose examples are segmented anew every epoch, one
 segmentation sampled per sentence (``Tokenizer.sample``), and packed again, so the model sees
 many segmentations of the same text; the text itself never changes. An epoch's view is a pure
@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import io
-import threading
+import itertools
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,10 +47,6 @@ from hopperjax import files
 from hopperjax.data.errors import DataError, one_line
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
-
-# SentencePiece's sampling draws from one process-wide generator: seeding it and sampling happen
-# under this lock, so concurrent readers (grain's threads) cannot interleave draws.
-_SAMPLING_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +193,10 @@ class Tokenizer:
             self._sp = spm.SentencePieceProcessor(model_proto=proto)
         except (OSError, RuntimeError, TypeError) as e:
             raise DataError(f"{name}: not a SentencePiece model ({one_line(e)})") from None
+        # Each piece's log-probability (unigram; BPE's are merge ranks), for ``sample``.
+        self._scores = np.asarray(
+            [self._sp.get_score(i) for i in range(self._sp.get_piece_size())], np.float64
+        )
         ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id())
         if ids != (PAD_ID, EOS_ID, UNK_ID):
             raise DataError(
@@ -225,25 +225,35 @@ class Tokenizer:
         return [np.asarray([*x, EOS_ID], np.int32) for x in ids]
 
     def sample(
-        self, sentences: Sequence[str], *, alpha: float, nbest: int, seed: int
+        self,
+        sentences: Sequence[str],
+        *,
+        alpha: float,
+        nbest: int,
+        seed: int | np.random.SeedSequence,
     ) -> list[np.ndarray]:
-        """Like ``encode``, but each sentence's segmentation is sampled: a unigram model draws
-        from its ``nbest`` best segmentations (-1: all of them) with probability proportional to
-        P(segmentation) ** ``alpha`` (smaller alpha, more uniform); a BPE model drops each merge
-        with probability ``alpha`` (``nbest`` unused). The same ``seed`` gives the same ids on
-        every process, thread and rerun; decoding gives back the sentence either way."""
-        spm = _sentencepiece()
-        with _SAMPLING_LOCK:
-            spm.set_random_generator_seed(seed)
-            ids = self._sp.encode(
-                list(sentences),
-                out_type=int,
-                enable_sampling=True,
-                alpha=alpha,
-                nbest_size=nbest,
-                num_threads=1,  # one ordered stream of draws
-            )
-        return [np.asarray([*x, EOS_ID], np.int32) for x in ids]
+        """Like ``encode``, but each sentence's segmentation is drawn from the unigram model's
+        ``nbest`` best with probability proportional to P(segmentation) ** ``alpha`` (smaller
+        alpha, more uniform): Kudo 2018's subword regularization with l-best sampling. The draw
+        is numpy's, from ``seed``: the same ids on every process, thread and rerun.
+        SentencePiece's own sampler (``enable_sampling``) is not used because seeding it
+        (``set_random_generator_seed``) did not make it reproducible across processes here
+        (sentencepiece 0.2.3: the same seed, model and text gave other ids in each fresh
+        process). Decoding gives back the sentence. A unigram model only (BPE has no n-best)."""
+        try:
+            nbests = self._sp.nbest_encode(list(sentences), nbest_size=nbest, out_type=int)
+        except RuntimeError as e:  # a BPE model: "NBestEncode is not available"
+            raise DataError(f"{self.name}: cannot sample segmentations ({one_line(e)})") from None
+        draws = np.random.default_rng(seed).random(len(sentences))
+        out = []
+        for candidates, u in zip(nbests, draws, strict=True):
+            lengths = np.fromiter(map(len, candidates), np.int64, len(candidates))
+            flat = np.fromiter(itertools.chain.from_iterable(candidates), np.int64, lengths.sum())
+            logp = alpha * np.add.reduceat(self._scores[flat], np.r_[0, np.cumsum(lengths)[:-1]])
+            weights = np.cumsum(np.exp(logp - logp.max()))
+            k = min(int(np.searchsorted(weights, u * weights[-1], side="right")), len(lengths) - 1)
+            out.append(np.asarray([*candidates[k], EOS_ID], np.int32))
+        return out
 
     def __getstate__(self) -> dict[str, Any]:  # to grain's worker processes: the model's bytes
         return {"proto": self.proto, "name": self.name}
@@ -318,7 +328,7 @@ class Packed:
 
     def with_rows(self, rows: int) -> Packed:
         """The first ``rows`` rows, or all of them and empty rows (segment 0: masked) to make
-        ``rows``."""
+        ``rows``. ``examples`` counts the rows kept; ``truncated`` still counts every row's."""
         if rows >= self.rows:
             return self.padded(rows)
         arrays = {k: v[:rows] for k, v in self.arrays.items()}
@@ -405,7 +415,10 @@ class Resampled:
     ``rows`` is what epoch 0 packs into (``Resampled.build``); a later epoch whose sampled
     pieces pack into more rows leaves its last examples out (a different few each epoch, the
     packing order being shuffled), one that packs into fewer gets empty rows, so every epoch has
-    the same batches. A pure function of ``seed`` and the epoch.
+    the same batches. A pure function of ``seed`` and the epoch. Building an epoch takes ~15-25 s
+    for Multi30k's 29,000 pairs at 64-best on one core, inside a data reader (``EpochBatches``
+    builds it when the epoch's first batch is read; the readers' buffer hides it here); it
+    grows with the corpus, and every data worker builds every epoch.
     """
 
     tokenizer: Tokenizer
@@ -416,28 +429,38 @@ class Resampled:
     source_len: int
     target_len: int
     rows: int
+    first: Packed | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(cls, tokenizer: Tokenizer, pairs: Pairs, **kw: Any) -> tuple[Resampled, Packed]:
-        """The source and its epoch 0 (which fixes ``rows``); ``kw``: the other fields."""
+        """The source and its epoch 0 (which fixes ``rows``, and is kept for the first read);
+        ``kw``: the other fields."""
         source = cls(tokenizer, pairs, rows=0, **kw)
         first = source._pack(0)
-        return dataclasses.replace(source, rows=first.rows), first
+        return dataclasses.replace(source, rows=first.rows, first=first), first
 
     def __len__(self) -> int:
         return self.rows
 
     def for_epoch(self, epoch: int) -> Packed:
-        """Epoch ``epoch``'s ``rows`` rows (1-2 s for Multi30k's 29,000 pairs on one core)."""
+        """Epoch ``epoch``'s ``rows`` rows."""
+        if epoch == 0 and self.first is not None:
+            return self.first
         return self._pack(epoch).with_rows(self.rows)
 
+    def __getstate__(self) -> dict[str, Any]:  # a worker builds its own epochs, 0 included
+        return {**self.__dict__, "first": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     def _pack(self, epoch: int) -> Packed:
-        seed = int(np.random.SeedSequence((self.seed, epoch)).generate_state(1)[0])
+        draws, shuffle = np.random.SeedSequence((self.seed, epoch)).spawn(2)
         n = len(self.pairs)
         ids = self.tokenizer.sample(
             [*self.pairs.sources, *self.pairs.targets], alpha=self.alpha, nbest=self.nbest,
-            seed=seed,
+            seed=draws,
         )  # fmt: skip
-        order = np.random.default_rng(seed).permutation(n)
+        order = np.random.default_rng(shuffle).permutation(n)
         return pack(ids[:n], ids[n:], order, source_len=self.source_len,
                     target_len=self.target_len)  # fmt: skip

@@ -51,10 +51,10 @@ class ParallelData(config_lib.DataConfig):
     many held out). ``source_lang`` / ``target_lang``: the file suffixes. ``source_len`` /
     ``target_len``: tokens per packed row on each side (longer examples are cut, and counted).
     ``tokenizer``: SentencePiece's ``unigram`` or ``bpe``. ``subword_alpha``: subword
-    regularization of the training split, 0 for none: every epoch segments each sentence anew,
-    sampled (unigram: from its ``subword_nbest`` best segmentations, -1 all, with probability
-    proportional to P ** alpha, Kudo 2018's l and alpha; bpe: each merge dropped with
-    probability alpha, BPE-dropout), and packs the rows again; held-out text is never sampled.
+    regularization of the training split (a unigram tokenizer), 0 for none: every epoch
+    segments each sentence anew, drawn from its ``subword_nbest`` best segmentations with
+    probability proportional to P ** alpha (Kudo 2018's l and alpha), and packs the rows again;
+    held-out text is never sampled.
     ``bad_records``: ``error`` (one line
     naming file and line) or ``skip`` (pairs with an empty side, counted). ``label_smoothing``:
     of the training loss's targets. ``generate_pairs``: the first this many held-out pairs are
@@ -142,13 +142,18 @@ class Translation(Workload):
                 "train.generate_every",
                 "BLEU needs sacrebleu: pip install 'hopperjax[translate]' (or leave it null)",
             )
-        if d.subword_alpha < 0 or (d.tokenizer == "bpe" and d.subword_alpha >= 1):
-            bound = "0 <= alpha < 1 (bpe: a merge's dropout)" if d.tokenizer == "bpe" else ">= 0"
-            raise ConfigError("data.subword_alpha", f"expected {bound}, got {d.subword_alpha}")
-        if d.subword_nbest != -1 and d.subword_nbest < 2:
+        if d.subword_alpha < 0:
+            raise ConfigError("data.subword_alpha", f"expected >= 0, got {d.subword_alpha}")
+        if d.subword_alpha > 0 and d.tokenizer != "unigram":
+            raise ConfigError(
+                "data.subword_alpha",
+                f"samples a unigram model's n-best segmentations; data.tokenizer is "
+                f"{d.tokenizer!r} (use unigram, or subword_alpha=0)",
+            )
+        if not 2 <= d.subword_nbest <= 512:  # SentencePiece's n-best range
             raise ConfigError(
                 "data.subword_nbest",
-                f"expected -1 (every segmentation) or >= 2 to sample from, got {d.subword_nbest}",
+                f"expected 2-512 segmentations to sample from, got {d.subword_nbest}",
             )
         config_lib.positive("data.beams", d.beams)
         if d.length_penalty < 0:
