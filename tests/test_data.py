@@ -459,6 +459,8 @@ def test_a_per_epoch_source_serves_each_epoch_its_own_view_built_once():
         epoch = i // 2
         assert ((x // 100) == epoch).all() and len(set((x % 100).tolist())) == 4
     assert source.built == [0, 1, 2]  # one build per epoch, however many batches read it
+    np.testing.assert_array_equal(batches[3]["x"], seen[3])  # epoch 1, read after epoch 2
+    assert source.built == [0, 1, 2]  # the two latest views are kept
     # Batch i depends on i alone: a fresh reader (a resumed run, a worker) reads the same.
     again = pickle.loads(pickle.dumps(EpochBatches(_EpochSource(), 4, rows=4, seed=1)))
     np.testing.assert_array_equal(again[5]["x"], seen[5])

@@ -2,6 +2,7 @@
 records are one-line errors naming file and line, a joint SentencePiece vocabulary round-trips
 text, and packing keeps every example whole, alone in its segment and in order."""
 
+import dataclasses
 import gzip
 
 import numpy as np
@@ -138,6 +139,9 @@ def test_sampled_segmentations_are_seeded_and_keep_the_text():
     # A large alpha concentrates the draw on the best segmentation (what ``encode`` gives).
     sharp = tok.sample(sentences, alpha=50.0, nbest=16, seed=1)
     assert sum(np.array_equal(a, b) for a, b in zip(sharp, plain, strict=True)) > 500
+    # A line that normalizes to nothing (a zero-width space) has one, empty, segmentation.
+    [empty] = tok.sample(["\u200b"], alpha=0.1, nbest=16, seed=1)
+    np.testing.assert_array_equal(empty, [pt.EOS_ID])
     bpe = pt.train_tokenizer(sentences, vocab_size=56, model_type="bpe")
     with pytest.raises(DataError, match=r"cannot sample segmentations .*NBestEncode"):
         bpe.sample(sentences[:2], alpha=0.1, nbest=16, seed=1)
@@ -160,7 +164,19 @@ def test_resampled_rows_change_every_epoch_keep_each_pair_and_survive_pickling(t
         assert view.truncated == 0
     np.testing.assert_array_equal(views[0].arrays["source"], first.arrays["source"])
     np.testing.assert_array_equal(views[1].arrays["target"], views[2].arrays["target"])
-    assert not np.array_equal(views[0].arrays["source"], views[1].arrays["source"])
+
+    def segmentations(view):  # each source sentence's ids in this epoch
+        a = view.arrays
+        out = {}
+        for r in range(source.rows):
+            for segment in range(1, a["source_segments"][r].max() + 1):
+                ids = a["source"][r, a["source_segments"][r] == segment]
+                out[tok.decode(ids)] = tuple(ids)
+        return out
+
+    # Not just repacked: most sentences are segmented otherwise in another epoch.
+    before, after = segmentations(views[0]), segmentations(views[1])
+    assert sum(before[t] != after[t] for t in before.keys() & after.keys()) > 150
     # Every packed example is one of the pairs, its source beside its own target.
     translation = dict(zip(pairs.sources, pairs.targets, strict=True))
     a, seen = views[1].arrays, 0
@@ -174,7 +190,7 @@ def test_resampled_rows_change_every_epoch_keep_each_pair_and_survive_pickling(t
             seen += 1
     assert seen == views[1].examples and seen > 250  # an epoch that packs longer drops a few
     # What grain's worker processes receive (epoch 0 left out) builds the same epochs, and so
-    # does a fresh process (SentencePiece's generator state starts anew there).
+    # does a fresh process.
     copy = pickle.loads(pickle.dumps(source))
     assert copy.first is None
     np.testing.assert_array_equal(copy.for_epoch(0).arrays["source"], first.arrays["source"])
@@ -190,6 +206,7 @@ def test_resampled_rows_change_every_epoch_keep_each_pair_and_survive_pickling(t
         check=True,
     )
     np.testing.assert_array_equal(np.load(tmp_path / "t.npy"), a["target"])
+    assert dataclasses.replace(source, seed=5).first is None  # another seed: its own epoch 0
     cut = first.with_rows(3)
     assert cut.rows == 3 and cut.examples == int(first.arrays["source_segments"][:3].max(1).sum())
     assert first.with_rows(first.rows + 2).rows == first.rows + 2

@@ -247,6 +247,11 @@ class Tokenizer:
         draws = np.random.default_rng(seed).random(len(sentences))
         out = []
         for candidates, u in zip(nbests, draws, strict=True):
+            if len(candidates) < 2 or not all(candidates):  # one way, or a sentence that
+                out.append(np.asarray([*candidates[0], EOS_ID], np.int32))  # normalizes to ""
+                continue
+            # A segmentation's log-probability: the sum of its pieces' (an unknown piece scores
+            # 0 here, but every candidate holds the same unknown runs, so the draw is exact).
             lengths = np.fromiter(map(len, candidates), np.int64, len(candidates))
             flat = np.fromiter(itertools.chain.from_iterable(candidates), np.int64, lengths.sum())
             logp = alpha * np.add.reduceat(self._scores[flat], np.r_[0, np.cumsum(lengths)[:-1]])
@@ -429,15 +434,17 @@ class Resampled:
     source_len: int
     target_len: int
     rows: int
-    first: Packed | None = dataclasses.field(default=None, repr=False, compare=False)
+    # Epoch 0 as ``build`` packed it, for the first read; not an init field, so that
+    # ``dataclasses.replace`` (another seed, say) starts without it.
+    first: Packed | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def build(cls, tokenizer: Tokenizer, pairs: Pairs, **kw: Any) -> tuple[Resampled, Packed]:
-        """The source and its epoch 0 (which fixes ``rows``, and is kept for the first read);
-        ``kw``: the other fields."""
-        source = cls(tokenizer, pairs, rows=0, **kw)
-        first = source._pack(0)
-        return dataclasses.replace(source, rows=first.rows, first=first), first
+        """The source and its epoch 0 (which fixes ``rows``); ``kw``: the other fields."""
+        first = cls(tokenizer, pairs, rows=0, **kw)._pack(0)
+        source = cls(tokenizer, pairs, rows=first.rows, **kw)
+        object.__setattr__(source, "first", first)  # frozen
+        return source, first
 
     def __len__(self) -> int:
         return self.rows
