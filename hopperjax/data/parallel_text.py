@@ -34,6 +34,7 @@ resumes exactly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import io
 import itertools
@@ -193,10 +194,6 @@ class Tokenizer:
             self._sp = spm.SentencePieceProcessor(model_proto=proto)
         except (OSError, RuntimeError, TypeError) as e:
             raise DataError(f"{name}: not a SentencePiece model ({one_line(e)})") from None
-        # Each piece's log-probability (unigram; BPE's are merge ranks), for ``sample``.
-        self._scores = np.asarray(
-            [self._sp.get_score(i) for i in range(self._sp.get_piece_size())], np.float64
-        )
         ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id())
         if ids != (PAD_ID, EOS_ID, UNK_ID):
             raise DataError(
@@ -223,6 +220,13 @@ class Tokenizer:
         """Each sentence's ids, ``EOS_ID`` last (int32)."""
         ids = self._sp.encode(list(sentences), out_type=int)
         return [np.asarray([*x, EOS_ID], np.int32) for x in ids]
+
+    @functools.cached_property
+    def _scores(self) -> np.ndarray:
+        """Each piece's log-probability (unigram), read once, when ``sample`` first needs it."""
+        return np.asarray(
+            [self._sp.get_score(i) for i in range(self._sp.get_piece_size())], np.float64
+        )
 
     def sample(
         self,
