@@ -160,7 +160,7 @@ class OptimConfig:
     base_lr: float = 1e-3
     base_batch_size: int | None = None
     lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    schedule: Literal["cosine", "linear", "constant", "rsqrt"] = "cosine"
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1

@@ -38,10 +38,13 @@ def peak_learning_rate(config: OptimConfig, global_batch_size: int) -> float:
 def build_schedule(
     config: OptimConfig, *, total_steps: int, global_batch_size: int
 ) -> optax.Schedule:
-    """Linear warmup to the peak, then cosine / linear / constant decay to ``min_lr_ratio * peak``.
+    """Linear warmup to the peak, then cosine / linear / constant decay to ``min_lr_ratio * peak``,
+    or ``rsqrt``: the inverse square root of the step (the Transformer's, T5's and fairseq's).
 
     Warmup is lr = peak * (step + 1) / (warmup + 1), so step 0 already learns and step ``warmup``
-    is exactly at the peak; decay reaches its floor at ``total_steps``.
+    is exactly at the peak; cosine and linear decay reach their floor at ``total_steps``. ``rsqrt``
+    ignores ``total_steps``: lr = peak * sqrt((warmup + 1) / (step + 1)) after warmup (peak at
+    step ``warmup``, half of it at 4x that many steps), never below ``min_lr_ratio * peak``.
     """
     peak = peak_learning_rate(config, global_batch_size)
     floor = peak * config.min_lr_ratio
@@ -57,6 +60,8 @@ def build_schedule(
             decayed = floor + 0.5 * (peak - floor) * (1.0 + jnp.cos(jnp.pi * progress))
         elif kind == "linear":
             decayed = peak + (floor - peak) * progress
+        elif kind == "rsqrt":
+            decayed = jnp.maximum(peak * jnp.sqrt((warmup + 1.0) / (step + 1.0)), floor)
         else:
             decayed = jnp.full_like(progress, peak)
         return jnp.where(step < warmup, warm, decayed)

@@ -63,7 +63,7 @@ def _lrs(config: OptimConfig, total_steps: int, batch: int = 32) -> np.ndarray:
     return np.array([float(schedule(s)) for s in range(total_steps + 5)])
 
 
-@pytest.mark.parametrize("kind", ["cosine", "linear", "constant"])
+@pytest.mark.parametrize("kind", ["cosine", "linear", "constant", "rsqrt"])
 def test_warmup(kind):
     """lr(s) = peak * (s + 1) / (w + 1) for s < w, and lr(w) == peak, whatever the decay."""
     config = OptimConfig(
@@ -120,6 +120,19 @@ def test_constant_after_warmup():
     lrs = _lrs(config, total_steps=10)
     assert np.allclose(lrs[3:], 1e-3, rtol=RTOL)
     assert lrs[0] == pytest.approx(1e-3 / 4, rel=RTOL)
+
+
+def test_rsqrt_decay_ignores_the_run_length_and_stops_at_the_floor():
+    """peak * sqrt((w + 1) / (s + 1)) after warmup: half the peak at 4 (w + 1) - 1 steps, the
+    same whatever train.steps is, and never below min_lr_ratio * peak."""
+    config = OptimConfig(base_lr=1e-3, warmup_steps=3, schedule="rsqrt", min_lr_ratio=0.1)
+    lrs = _lrs(config, total_steps=500)
+    assert lrs[3] == pytest.approx(1e-3, rel=RTOL)
+    assert lrs[15] == pytest.approx(5e-4, rel=RTOL)
+    assert lrs[99] == pytest.approx(2e-4, rel=RTOL)
+    np.testing.assert_allclose(_lrs(config, total_steps=20)[:25], lrs[:25], rtol=RTOL)
+    assert np.all(np.diff(lrs[3:]) <= 0)
+    assert lrs[399] == pytest.approx(1e-4, rel=RTOL) and lrs[-1] == pytest.approx(1e-4, rel=RTOL)
 
 
 # ------------------------------------------------------------------------------------------------
