@@ -39,12 +39,13 @@ def build_schedule(
     config: OptimConfig, *, total_steps: int, global_batch_size: int
 ) -> optax.Schedule:
     """Linear warmup to the peak, then cosine / linear / constant decay to ``min_lr_ratio * peak``,
-    or ``rsqrt``: the inverse square root of the step (the Transformer's, T5's and fairseq's).
+    or ``rsqrt``: the inverse-square-root decay of the Transformer and fairseq.
 
     Warmup is lr = peak * (step + 1) / (warmup + 1), so step 0 already learns and step ``warmup``
     is exactly at the peak; cosine and linear decay reach their floor at ``total_steps``. ``rsqrt``
     ignores ``total_steps``: lr = peak * sqrt((warmup + 1) / (step + 1)) after warmup (peak at
-    step ``warmup``, half of it at 4x that many steps), never below ``min_lr_ratio * peak``.
+    step ``warmup``, half of it at step ``4 * (warmup + 1) - 1``), never below
+    ``min_lr_ratio * peak``.
     """
     peak = peak_learning_rate(config, global_batch_size)
     floor = peak * config.min_lr_ratio
