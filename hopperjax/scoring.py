@@ -242,19 +242,21 @@ def translation_scores(hypotheses: list[str], references: list[str]) -> dict[str
     }
 
 
-def moses_tokenize(lines: list[str], lang: str) -> list[str]:
+def moses_tokenize(lines: list[str], lang: str, *, escape: bool = True) -> list[str]:
     """``lines`` as the Multi30k literature scores them: lowercased, then punctuation normalized
     and tokenized by the Moses scripts for ``lang`` (sacremoses, their Python port, with Perl
     parity: ``&quot;`` escapes, hyphenated compounds kept whole), as the dataset's own
     ``tok/*.lc.norm.tok.*`` files were made (its ``scripts/task1-tokenize.sh``: ``lowercase.perl
     | normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG``); applied to the raw German
-    test_2016_flickr references it gives their 12,103 tokens. Needs sacremoses."""
+    test_2016_flickr references it gives their 12,103 tokens. ``escape=False`` keeps ``"``, ``&``
+    and the like as they are (training text; scoring then escapes both sides alike). Needs
+    sacremoses."""
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
     normalizer = MosesPunctNormalizer(lang=lang, perl_parity=True)
     tokenizer = MosesTokenizer(lang=lang)
     return [
-        tokenizer.tokenize(normalizer.normalize(s.lower()), return_str=True, escape=True)
+        tokenizer.tokenize(normalizer.normalize(s.lower()), return_str=True, escape=escape)
         for s in lines
     ]
 

@@ -353,3 +353,40 @@ def test_compression_compare_tables_each_variant(tmp_path, capsys):
     assert 0.15 < ratio < 0.3
     with pytest.raises(SystemExit, match="unknown variant"):
         compare.main(["--config", config, "--variants", "int4"])
+
+
+def test_literature_text_is_lowercased_moses_tokens_that_score_like_the_raw_text(tmp_path, capsys):
+    import gzip
+
+    from hopperjax.scoring import moses_tokenize
+
+    script = load_script("multi30k_literature_text")
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    de = ['Ein Mann, der "Hallo" sagt.', "Zwei Hunde spielen im Schnee & Eis."]
+    (raw / "train.en").write_text('A man saying "hello".\nTwo dogs play in snow & ice.\n')
+    (raw / "train.de").write_text("\n".join(de) + "\n")
+    with gzip.open(raw / "val.de.gz", "wt") as f:
+        f.write("Ein Kind läuft.\n")
+    (raw / "val.en").write_text("A child runs.\n")
+    (raw / "PREPARED.json").write_text("{}")
+    out = tmp_path / "lctok"
+    assert script.main(["--from", str(raw), "--to", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "train.de.gz", "train.en.gz", "val.de.gz", "val.en.gz",
+    ]  # fmt: skip
+    got = gzip.decompress((out / "train.de.gz").read_bytes()).decode().splitlines()
+    assert got == ['ein mann , der " hallo " sagt .', "zwei hunde spielen im schnee & eis ."]
+    assert moses_tokenize(got, "de") == moses_tokenize(de, "de")  # scored exactly as the raw text
+    assert "train.de.gz: 2 lines, 17 tokens; scored again: the same as the raw text's" in (
+        capsys.readouterr().out
+    )
+    # User errors are one line, exit 2, and leave no directory behind.
+    assert script.main(["--from", str(raw), "--to", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    (raw / "val.en").write_text("A child runs.\nExtra line.\n")
+    bad = tmp_path / "bad"
+    assert script.main(["--from", str(raw), "--to", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "val" in err, err
+    assert not bad.exists() and not (tmp_path / ".bad.partial").exists()
