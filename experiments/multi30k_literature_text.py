@@ -1,14 +1,18 @@
 """Parallel text as the Multi30k literature trains on it: lowercased, Moses-normalized, tokenized.
 
+(Moses' XML escapes left out: the dataset's own tokenized files have ``&quot;``, ``&apos;`` and
+``&amp;``; scoring escapes both sides alike, so the scores are unaffected.)
+
     python experiments/multi30k_literature_text.py --from data/multi30k --to data/multi30k_lctok
     python experiments/translation_benchmark.py --out OUT data.path=data/multi30k_lctok
 
 Writes every ``SPLIT.LANG[.gz]`` file of ``--from`` to ``--to`` (gzipped) through the steps the
-dataset's own ``tok/*.lc.norm.tok.*`` files were made with (``hopperjax.scoring.moses_tokenize``
-without Moses' ``&quot;``-style escapes), so a model can be trained on the text Wu et al. (2021)
-and the other text-only baselines trained on. The benchmark's "Moses-tokenized lowercased" column
-then scores such a model exactly their way: tokenizing this text again for scoring gives what
-tokenizing the raw text gives, which the script checks line by line for every file and reports
+dataset's own ``tok/*.lc.norm.tok.*`` files were made with (``hopperjax.scoring.moses_tokenize``,
+escapes left out), so a model can be trained on the text Wu et al. (2021) and the other text-only
+baselines trained on. The benchmark's "Moses-tokenized lowercased" column then scores such a
+model against their references exactly (its output is tokenized again, as all output is there):
+tokenizing this text again for scoring gives what tokenizing the raw text gives, which the
+script checks line by line for every file and reports
 (on Multi30k: every German line the same; English "woman 's" is split again into "&apos; s", so
 an English target would not score exactly their way). The detokenized, cased columns do not apply
 to such a run. The output directory is built under a temporary name and renamed when complete.
@@ -19,19 +23,26 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.util
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hopperjax.data import parallel_text as pt
-from hopperjax.data.errors import DataError
+from hopperjax.data.errors import DataError, one_line
 from hopperjax.scoring import moses_tokenize
 
-# SPLIT.LANG or SPLIT.LANG.gz, LANG a language code (en, de, fr, cs).
-TEXT_FILE = re.compile(r"^(?P<split>.+?)\.(?!(?:tsv|gz)\b)(?P<lang>[a-z]{2,3})(?:\.gz)?$")
+# SPLIT.LANG or SPLIT.LANG.gz, LANG one of Multi30k's languages; anything else is not read (a
+# split given only as a TSV of pairs included).
+TEXT_FILE = re.compile(r"^(?P<split>[^.].*?)\.(?P<lang>en|de|fr|cs)(?:\.gz)?$")
+
+
+def _lines(n: int) -> str:
+    return f"{n:,} line" if n == 1 else f"{n:,} lines"
 
 
 def convert(source: Path, target: Path) -> list[str]:
@@ -62,8 +73,10 @@ def convert(source: Path, target: Path) -> list[str]:
         with gzip.open(target / name, "wt", encoding="utf-8") as f:
             f.write("".join(line + "\n" for line in converted))
         tokens = sum(len(line.split()) for line in converted)
-        same = "the same as the raw text's" if not differ else f"{differ:,} lines differ"
-        report.append(f"{name}: {len(lines):,} lines, {tokens:,} tokens; scored again: {same}")
+        same = "the same as the raw text's" if not differ else f"{_lines(differ)} differ"
+        if differ == 1:
+            same += "s"
+        report.append(f"{name}: {_lines(len(lines))}, {tokens:,} tokens; scored again: {same}")
     return report
 
 
@@ -73,22 +86,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--to", dest="target", required=True)
     args = parser.parse_args(argv)
     source, target = Path(args.source), Path(args.target)
-    if not source.is_dir():
-        print(f"multi30k_literature_text: --from {source}: not a directory", file=sys.stderr)
+    problem = None
+    if importlib.util.find_spec("sacremoses") is None:
+        problem = "needs sacremoses (pip install 'hopperjax[translate]')"
+    elif not source.is_dir():
+        problem = f"--from {source}: not a directory"
+    elif target.exists():
+        problem = f"--to {target}: already exists"
+    elif not target.parent.is_dir():
+        problem = f"--to {target}: its parent {target.parent} is not a directory"
+    if problem:
+        print(f"multi30k_literature_text: {problem}", file=sys.stderr)
         return 2
-    if target.exists():
-        print(f"multi30k_literature_text: --to {target}: already exists", file=sys.stderr)
+    try:
+        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    except OSError as e:
+        print(f"multi30k_literature_text: --to {target}: {one_line(e)}", file=sys.stderr)
         return 2
-    partial = target.with_name(f".{target.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
     try:
         report = convert(source, partial)
-    except DataError as e:
+        partial.rename(target)
+    except (DataError, OSError) as e:
         shutil.rmtree(partial, ignore_errors=True)
-        print(f"multi30k_literature_text: {e}", file=sys.stderr)
+        print(f"multi30k_literature_text: {one_line(e)}", file=sys.stderr)
         return 2
-    partial.rename(target)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     print("\n".join(report))
     return 0
 

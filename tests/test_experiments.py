@@ -363,30 +363,46 @@ def test_literature_text_is_lowercased_moses_tokens_that_score_like_the_raw_text
     script = load_script("multi30k_literature_text")
     raw = tmp_path / "raw"
     raw.mkdir()
-    de = ['Ein Mann, der "Hallo" sagt.', "Zwei Hunde spielen im Schnee & Eis."]
-    (raw / "train.en").write_text('A man saying "hello".\nTwo dogs play in snow & ice.\n')
+    de = ['Ein Mann, der "Hallo" sagt.', "Zwei Hunde spielen im Schnee & Eis.", "Der Hut."]
+    (raw / "train.en").write_text(
+        'A man saying "hello".\nTwo dogs play in snow & ice.\nA woman\'s hat.\n'
+    )
     (raw / "train.de").write_text("\n".join(de) + "\n")
     with gzip.open(raw / "val.de.gz", "wt") as f:
         f.write("Ein Kind läuft.\n")
     (raw / "val.en").write_text("A child runs.\n")
-    (raw / "PREPARED.json").write_text("{}")
+    for stray in ("PREPARED.json", "spm.model", "train.tsv", "notes.txt", "train.de.bak"):
+        (raw / stray).write_text("x\n")
     out = tmp_path / "lctok"
     assert script.main(["--from", str(raw), "--to", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == [
         "train.de.gz", "train.en.gz", "val.de.gz", "val.en.gz",
     ]  # fmt: skip
-    got = gzip.decompress((out / "train.de.gz").read_bytes()).decode().splitlines()
-    assert got == ['ein mann , der " hallo " sagt .', "zwei hunde spielen im schnee & eis ."]
+
+    def read(name):
+        return gzip.decompress((out / name).read_bytes()).decode().splitlines()
+
+    got = read("train.de.gz")
+    assert got == [
+        'ein mann , der " hallo " sagt .',
+        "zwei hunde spielen im schnee & eis .",
+        "der hut .",
+    ]
+    assert read("train.en.gz") == [
+        'a man saying " hello . "',  # English rules move the full stop inside the quotes
+        "two dogs play in snow & ice .",
+        "a woman 's hat .",
+    ]  # fmt: skip
     assert moses_tokenize(got, "de") == moses_tokenize(de, "de")  # scored exactly as the raw text
-    assert "train.de.gz: 2 lines, 17 tokens; scored again: the same as the raw text's" in (
-        capsys.readouterr().out
-    )
-    # User errors are one line, exit 2, and leave no directory behind.
+    report = capsys.readouterr().out
+    assert "val.de.gz: 1 line, 4 tokens;" in report
+    assert "train.de.gz: 3 lines, 20 tokens; scored again: the same as the raw text's" in report
+    assert "train.en.gz: 3 lines, 20 tokens; scored again: 1 line differs" in report  # "'s" again
+    # User errors are one line, exit 2, and leave nothing behind.
     assert script.main(["--from", str(raw), "--to", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err
     (raw / "val.en").write_text("A child runs.\nExtra line.\n")
-    bad = tmp_path / "bad"
-    assert script.main(["--from", str(raw), "--to", str(bad)]) == 2
+    assert script.main(["--from", str(raw), "--to", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "val" in err, err
-    assert not bad.exists() and not (tmp_path / ".bad.partial").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lctok", "raw"]

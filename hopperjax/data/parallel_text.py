@@ -38,6 +38,7 @@ import functools
 import gzip
 import io
 import itertools
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ def _lines(path: Path) -> list[str]:
     """The lines of a UTF-8 text file (``.gz`` read through gzip), without line endings."""
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as e:  # zlib: a corrupt stream
         raise DataError(f"{path}: cannot read ({one_line(e)})") from None
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
