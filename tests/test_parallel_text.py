@@ -39,6 +39,7 @@ def test_aligned_files_and_tsv_read_the_same_pairs(tmp_path):
         ("tsv_fields", r"train\.tsv:2: expected 2 tab-separated fields, got 3"),
         ("missing", r"no train\.en and train\.de \(or \.gz\), and no train\.tsv"),
         ("empty_file", r"train\.en: empty"),
+        ("corrupt_gz", r"train\.de\.gz: cannot read \(Error -3 while decompressing"),
     ],
 )
 def test_bad_records_are_one_line_errors_naming_file_and_line(tmp_path, setup, message):
@@ -48,6 +49,11 @@ def test_bad_records_are_one_line_errors_naming_file_and_line(tmp_path, setup, m
     elif setup == "empty_file":
         (tmp_path / "train.en").write_bytes(b"")
         _write(tmp_path / "train.de", DE)
+    elif setup == "corrupt_gz":  # a damaged deflate stream (zlib.error, not an OSError)
+        _write(tmp_path / "train.en", EN)
+        damaged = bytearray(gzip.compress("\n".join(DE * 20).encode()))
+        damaged[15:25] = b"\xff" * 10
+        (tmp_path / "train.de.gz").write_bytes(bytes(damaged))
     elif setup != "missing":
         if setup == "misaligned":
             de = de[:3]
