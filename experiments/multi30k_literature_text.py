@@ -73,9 +73,8 @@ def convert(source: Path, target: Path) -> list[str]:
         with gzip.open(target / name, "wt", encoding="utf-8") as f:
             f.write("".join(line + "\n" for line in converted))
         tokens = sum(len(line.split()) for line in converted)
-        same = "the same as the raw text's" if not differ else f"{_lines(differ)} differ"
-        if differ == 1:
-            same += "s"
+        verb = "differs" if differ == 1 else "differ"
+        same = f"{_lines(differ)} {verb}" if differ else "the same as the raw text's"
         report.append(f"{name}: {_lines(len(lines))}, {tokens:,} tokens; scored again: {same}")
     return report
 
