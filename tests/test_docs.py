@@ -166,3 +166,48 @@ def test_every_config_key_the_docs_name_exists():
                 named += 1
                 assert key in known or key in NOT_KEYS, f"{page.name}: `{span}`: no key {key}"
     assert named > 200  # the check sees the docs' keys
+
+
+def _default_cell(text: str) -> object:
+    """A defaults cell's literal: backticks and parentheticals dropped, YAML's scalars, numbers
+    such as ``1e-3`` (a string to YAML 1.1) as floats."""
+    import yaml
+
+    text = text.strip().strip("`").strip()
+    value = yaml.safe_load(text)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def test_the_cli_pages_defaults_are_the_codes():
+    """docs/cli.md's key table states each key's default (the default workload's schema, no
+    config file): a changed default cannot leave the table behind."""
+    from hopperjax import config as config_lib
+
+    tree = config_lib.to_dict(config_lib.load_config(None, validate_values=False))
+    checked = 0
+    for line in (REPO / "docs" / "cli.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if not line.startswith("| `") or len(cells) < 3 or "/" in cells[0] or "<" in cells[1]:
+            continue  # not a key row, keys of alternatives (a / b), or a described default
+        keys = re.findall(r"`([^`]+)`", cells[0])
+        group = keys[0].rsplit(".", 1)[0] + "." if "." in keys[0] else ""
+        keys = [keys[0], *(k if "." in k else group + k for k in keys[1:])]
+        defaults = re.sub(r"\([^)]*\)", "", cells[1]).split(",")
+        assert len(defaults) == len(keys), f"docs/cli.md: {cells[0]}: {len(keys)} keys, {cells[1]}"
+        for key, cell in zip(keys, defaults, strict=True):
+            node = tree
+            for part in key.split("."):
+                node = node[part]
+            stated = _default_cell(cell)
+            if isinstance(node, float) and isinstance(stated, int):
+                stated = float(stated)
+            assert stated == node, (
+                f"docs/cli.md: `{key}` default {cell.strip()}, the code's {node!r}"
+            )
+            checked += 1
+    assert checked > 50  # the check sees the table
