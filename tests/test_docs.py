@@ -9,6 +9,7 @@ import re
 import shlex
 
 import pytest
+import yaml
 from conftest import REPO
 
 import hopperjax
@@ -171,8 +172,6 @@ def test_every_config_key_the_docs_name_exists():
 def _default_cell(text: str) -> object:
     """A defaults cell's literal: backticks and parentheticals dropped, YAML's scalars, numbers
     such as ``1e-3`` (a string to YAML 1.1) as floats."""
-    import yaml
-
     text = text.strip().strip("`").strip()
     value = yaml.safe_load(text)
     if isinstance(value, str):
@@ -203,9 +202,7 @@ def test_the_cli_pages_defaults_are_the_codes():
             node = tree
             for part in key.split("."):
                 node = node[part]
-            stated = _default_cell(cell)
-            if isinstance(node, float) and isinstance(stated, int):
-                stated = float(stated)
+            stated = _default_cell(cell)  # 1 == 1.0: an int cell matches a float default
             assert stated == node, (
                 f"docs/cli.md: `{key}` default {cell.strip()}, the code's {node!r}"
             )
