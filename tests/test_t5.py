@@ -4,6 +4,7 @@ and the analytic FLOPs count what XLA compiles."""
 
 import dataclasses
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +19,10 @@ from hopperjax.models import decoding, t5
 
 CONFIG = t5.T5Config(vocab_size=40, d_model=32, n_heads=2, encoder_layers=2, decoder_layers=2,
                      mlp_dim=64, dropout=0.0)  # fmt: skip
+# The original Transformer's shape (fairseq's, the literature's baselines), the five keys turned.
+VANILLA = {"norm": "layer", "norm_position": "post", "mlp": "relu", "positions": "sinusoidal",
+           "use_bias": True}  # fmt: skip
+SHAPES = pytest.mark.parametrize("shape", [{}, VANILLA], ids=["t5", "vanilla"])
 LEN = 16
 
 
@@ -28,7 +33,8 @@ def _batch(packed: pt.Packed) -> tuple:
     return tuple(jnp.asarray(a[n]) for n in names)
 
 
-def test_packed_examples_match_themselves_alone_and_the_decoder_is_causal():
+@SHAPES
+def test_packed_examples_match_themselves_alone_and_the_decoder_is_causal(shape):
     rng = np.random.default_rng(0)
     sources = [np.append(rng.integers(3, 40, n), pt.EOS_ID).astype(np.int32) for n in (5, 6)]
     targets = [np.append(rng.integers(3, 40, n), pt.EOS_ID).astype(np.int32) for n in (4, 7)]
@@ -36,7 +42,7 @@ def test_packed_examples_match_themselves_alone_and_the_decoder_is_causal():
     assert together.rows == 1
     alone = [pt.pack(sources, targets, [i], source_len=LEN, target_len=LEN) for i in (0, 1)]
     joined = {k: np.concatenate([alone[0].arrays[k], alone[1].arrays[k]]) for k in alone[0].arrays}
-    model = t5.T5(CONFIG, hopperjax.get_policy("fp32"), RematConfig())
+    model = t5.T5(dataclasses.replace(CONFIG, **shape), hopperjax.get_policy("fp32"), RematConfig())
     both = _batch(pt.Packed({k: np.repeat(v, 2, 0) for k, v in together.arrays.items()}, 2, 0))
     params = jax.jit(model.init)(jax.random.key(0), *both)
     apply = jax.jit(model.apply)
@@ -56,9 +62,10 @@ def test_packed_examples_match_themselves_alone_and_the_decoder_is_causal():
     assert not np.allclose(out[last], packed_logits[last])
 
 
-def test_forward_flops_count_the_compiled_gemms():
+@SHAPES
+def test_forward_flops_count_the_compiled_gemms(shape):
     # Unrolled layer scans: XLA's cost analysis counts a loop body once, not per iteration.
-    config = dataclasses.replace(CONFIG, scan_unroll=2)
+    config = dataclasses.replace(CONFIG, scan_unroll=2, **shape)
     model = t5.T5(config, hopperjax.get_policy("fp32"), RematConfig())
     rows = 4
     ids = jnp.ones((rows, LEN), jnp.int32)
@@ -96,6 +103,39 @@ def test_config_errors_name_the_key():
         t5.T5Config(d_model=32, n_heads=3).validate()
     with pytest.raises(hopperjax.ConfigError, match=r"model\.dropout"):
         t5.T5Config(dropout=1.0).validate()
+    # Odd head sizes: refused for RoPE only.
+    with pytest.raises(hopperjax.ConfigError, match=r"model\.n_heads.*even head sizes"):
+        t5.T5Config(d_model=30, n_heads=2).validate()
+    t5.T5Config(d_model=30, n_heads=2, positions="sinusoidal").validate()
+    smoke = ["workload=translation", *workloads.get("translation").smoke_overrides]
+    with pytest.raises(hopperjax.ConfigError, match=r"model\.norm_position.*pre, post"):
+        hopperjax.load_config(None, [*smoke, "model.norm_position=sandwich"])
+
+
+def test_the_vanilla_keys_build_the_original_transformer():
+    """Post-norm LayerNorm (with biases, no final norms), a two-matrix ReLU MLP, biased
+    projections, and embeddings scaled by sqrt(d_model) plus the fixed sinusoids: unit-size
+    entries at every position, each example's own positions (the packed test above)."""
+    config = dataclasses.replace(CONFIG, **VANILLA)
+    model = t5.T5(config, hopperjax.get_policy("fp32"), RematConfig())
+    ids = jnp.ones((2, LEN), jnp.int32)
+    args = (ids, ids, jnp.broadcast_to(jnp.arange(LEN), (2, LEN)), ids, ids, ids)
+    params = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), *args))["params"]
+    for stack in ("encoder", "decoder"):
+        assert "final_norm" not in params[stack]
+        block = params[stack]["blocks"]
+        assert set(block["attn_norm"]) == {"scale", "bias"}
+        assert block["mlp"]["mlp_in"]["kernel"].shape == (2, 32, 64)  # [layers, d, mlp]
+        assert block["mlp"]["mlp_in"]["bias"].shape == (2, 64)
+        assert block["attention"]["qkv"]["bias"].shape == (2, 3, 2, 16)
+    assert set(params["decoder"]["blocks"]) == {"attention", "attn_norm", "cross", "cross_norm",
+                                                "mlp", "mlp_norm"}  # fmt: skip
+    table = np.asarray(t5.sinusoids(jnp.arange(50), 32))
+    assert table.shape == (50, 32)
+    np.testing.assert_allclose(table[0], [0.0] * 16 + [1.0] * 16, atol=1e-7)
+    np.testing.assert_allclose(table[:, 0], np.sin(np.arange(50)), atol=1e-5)  # frequency 1
+    np.testing.assert_allclose(table[:, 15], np.sin(np.arange(50) * 1e-4), atol=1e-6)  # 1/10^4
+    np.testing.assert_allclose((table**2).sum(-1), 16.0, rtol=1e-5)
 
 
 def _markov_logits(table: np.ndarray):
@@ -126,13 +166,14 @@ def test_beam_search_finds_the_likelier_sentence_greedy_misses():
     )
 
 
-def test_cached_decoding_equals_uncached_and_one_beam_equals_greedy(tmp_path):
+@SHAPES
+def test_cached_decoding_equals_uncached_and_one_beam_equals_greedy(tmp_path, shape):
     """On a (randomly initialized) model: the key-value cache gives the tokens the full-prefix
     decoder gives, greedy and beam search; one beam is greedy; translate decodes text."""
     config = hopperjax.load_config(
         None,
         ["workload=translation", *workloads.get("translation").smoke_overrides,
-         f"run_dir={tmp_path}"],
+         f"run_dir={tmp_path}", *[f"model.{k}={v}" for k, v in shape.items()]],
     )  # fmt: skip
     workload = workloads.get("translation")(config)
     datasets = workload.build_datasets(ProcessShard())

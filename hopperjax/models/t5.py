@@ -1,6 +1,13 @@
 """A T5-style encoder-decoder for translation (v1.1's shape: pre-norm RMSNorm, gated-GELU MLPs, no
 biases, optionally tied embeddings), on packed rows; its config and its analytic FLOPs.
 
+Five keys turn it, piece by piece, into the original Transformer's shape (Vaswani et al. 2017, and
+fairseq's ``transformer`` that the multimodal-MT literature trains): ``norm: layer`` (LayerNorm
+with its bias), ``norm_position: post`` (x = norm(x + f(x)), no final norms), ``mlp: relu`` (a
+two-matrix ReLU MLP), ``positions: sinusoidal`` (fixed sinusoids added to the embeddings, which
+are then scaled by sqrt(d_model)) and ``use_bias: true`` (biases on every projection but the
+output head).
+
 Inputs are the packed rows of ``data/parallel_text.py``: several examples per row, each with its
 segment id and its own positions. Attention sees only its own example: self-attention within a
 segment (causal in the decoder), cross-attention from a target segment to the source segment of
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Literal
 
 import flax.linen as nn
 import jax
@@ -53,7 +61,12 @@ class T5Config(config_lib.ModelConfig):
     ``encoder_layers`` / ``decoder_layers``: blocks of each stack. ``mlp_dim``: the gated MLP's
     hidden width. ``dropout`` after the embeddings and every residual branch (training only).
     ``tie_embeddings``: the output head is the embedding matrix. ``scan_unroll``: blocks
-    unrolled per iteration of each layer scan.
+    unrolled per iteration of each layer scan. ``norm``: ``rms`` (T5's RMSNorm) or ``layer``
+    (LayerNorm with a bias). ``norm_position``: ``pre`` (x + f(norm(x)), a final norm after each
+    stack) or ``post`` (norm(x + f(x)), the original Transformer's). ``mlp``:
+    ``gated_gelu`` (v1.1's, three matrices) or ``relu`` (two). ``positions``: ``rope`` (rotary,
+    on self-attention) or ``sinusoidal`` (added to the embeddings, scaled by sqrt(d_model)).
+    ``use_bias``: biases on the attention and MLP projections.
     """
 
     vocab_size: int = 8000
@@ -68,6 +81,11 @@ class T5Config(config_lib.ModelConfig):
     init_std: float = 0.02
     tie_embeddings: bool = True
     scan_unroll: int = 1
+    norm: Literal["rms", "layer"] = "rms"
+    norm_position: Literal["pre", "post"] = "pre"
+    mlp: Literal["gated_gelu", "relu"] = "gated_gelu"
+    positions: Literal["rope", "sinusoidal"] = "rope"
+    use_bias: bool = False
 
     def validate(self) -> None:
         """Raises ConfigError naming the ``model.*`` key of the first bad value."""
@@ -84,11 +102,12 @@ class T5Config(config_lib.ModelConfig):
             "init_std",
         ):
             config_lib.positive(f"model.{key}", getattr(self, key))
-        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+        rope = self.positions == "rope"
+        if self.d_model % self.n_heads or (rope and (self.d_model // self.n_heads) % 2):
             raise config_lib.ConfigError(
                 "model.n_heads",
-                f"must divide model.d_model={self.d_model} into even head sizes (RoPE), "
-                f"got {self.n_heads}",
+                f"must divide model.d_model={self.d_model} into "
+                f"{'even head sizes (RoPE)' if rope else 'equal heads'}, got {self.n_heads}",
             )
         if not 0.0 <= self.dropout < 1.0:
             raise config_lib.ConfigError(
@@ -132,13 +151,14 @@ class _Attention(nn.Module):
                 axes=("embed", None, "heads", "kv"),
                 policy=policy,
                 std=cfg.init_std,
-                use_bias=False,
+                use_bias=cfg.use_bias,
                 name="qkv",
             )(x)
             qkv = checkpoint_name(qkv, "qkv")
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-            q = layers.rope(q, positions, cfg.rope_theta)
-            k = layers.rope(k, positions, cfg.rope_theta)
+            if cfg.positions == "rope":
+                q = layers.rope(q, positions, cfg.rope_theta)
+                k = layers.rope(k, positions, cfg.rope_theta)
             tag, out_name = "attention", "attn_out"
             if self.cache_len is not None:
                 k, v, mask = self._cached(k, v)
@@ -148,7 +168,7 @@ class _Attention(nn.Module):
                 axes=("embed", "heads", "kv"),
                 policy=policy,
                 std=cfg.init_std,
-                use_bias=False,
+                use_bias=cfg.use_bias,
                 name="cross_q",
             )(x)
             kv = layers.dense(
@@ -156,7 +176,7 @@ class _Attention(nn.Module):
                 axes=("embed", None, "heads", "kv"),
                 policy=policy,
                 std=cfg.init_std,
-                use_bias=False,
+                use_bias=cfg.use_bias,
                 name="cross_kv",
             )(memory)
             k, v = kv[:, :, 0], kv[:, :, 1]
@@ -175,7 +195,7 @@ class _Attention(nn.Module):
             axes=("heads", "kv", "embed"),
             policy=policy,
             std=out_std,
-            use_bias=False,
+            use_bias=cfg.use_bias,
             name=out_name,
         )(out)
         return checkpoint_name(out, out_name)
@@ -196,7 +216,9 @@ class _Attention(nn.Module):
         return keys.value, values.value, jnp.broadcast_to(seen, (batch, 1, 1, self.cache_len))
 
 
-class _GatedMLP(nn.Module):
+class _MLP(nn.Module):
+    """The gated-GELU MLP (``mlp_in`` holds gate and up) or the ReLU MLP."""
+
     config: T5Config
     policy: Policy
 
@@ -204,35 +226,53 @@ class _GatedMLP(nn.Module):
     def __call__(self, x):
         cfg, policy = self.config, self.policy
         out_std = cfg.init_std / math.sqrt(2 * (cfg.encoder_layers + cfg.decoder_layers))
-        gate_up = layers.dense(
-            (2, cfg.mlp_dim),
-            axes=("embed", None, "mlp"),
+        gated = cfg.mlp == "gated_gelu"
+        h = layers.dense(
+            (2, cfg.mlp_dim) if gated else cfg.mlp_dim,
+            axes=("embed", None, "mlp") if gated else ("embed", "mlp"),
             policy=policy,
             std=cfg.init_std,
-            use_bias=False,
+            use_bias=cfg.use_bias,
             name="mlp_in",
         )(x)
-        gate_up = checkpoint_name(gate_up, "mlp_in")
-        h = layers.gelu_exact(gate_up[..., 0, :]) * gate_up[..., 1, :]
+        h = checkpoint_name(h, "mlp_in")
+        h = layers.gelu_exact(h[..., 0, :]) * h[..., 1, :] if gated else jax.nn.relu(h)
         h = checkpoint_name(h, "mlp_hidden")
         h = layers.dense(
             cfg.d_model,
             axes=("mlp", "embed"),
             policy=policy,
             std=out_std,
-            use_bias=False,
+            use_bias=cfg.use_bias,
             name="mlp_out",
         )(h)
         return checkpoint_name(h, "mlp_out")
 
 
 def _norm(cfg: T5Config, policy: Policy, name: str):
-    norm = layers.rms_norm(eps=cfg.norm_eps, name=name)
+    if cfg.norm == "rms":
+        norm = layers.rms_norm(eps=cfg.norm_eps, name=name)
+    else:
+        norm = layers.layer_norm(policy=policy, eps=cfg.norm_eps, use_bias=True, name=name)
     return lambda x: norm(x).astype(policy.compute_dtype)
 
 
+def _sublayer(cfg: T5Config, policy: Policy, drop: nn.Module, norm_name: str, x, branch):
+    """One residual sublayer: x + branch(norm(x)) pre-norm, norm(x + branch(x)) post-norm."""
+    norm = _norm(cfg, policy, norm_name)
+    if cfg.norm_position == "pre":
+        return x + drop(branch(norm(x)))
+    return norm(x + drop(branch(x)))
+
+
+def _final_norm(cfg: T5Config, policy: Policy, x):
+    """A stack's closing norm: pre-norm's last residual sum is unnormalized; post-norm's is."""
+    return _norm(cfg, policy, "final_norm")(x) if cfg.norm_position == "pre" else x
+
+
 class EncoderBlock(nn.Module):
-    """x + attn(norm(x)) within each example, then x + mlp(norm(x)); a scan body."""
+    """Self-attention within each example, then the MLP, each a residual sublayer (pre- or
+    post-norm); a scan body."""
 
     config: T5Config
     policy: Policy
@@ -242,15 +282,15 @@ class EncoderBlock(nn.Module):
     def __call__(self, x, positions, mask):
         cfg, policy = self.config, self.policy
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
-        h = _norm(cfg, policy, "attn_norm")(x)
-        x = x + drop(_Attention(cfg, policy, name="attention")(h, mask, positions))
-        x = x + drop(_GatedMLP(cfg, policy, name="mlp")(_norm(cfg, policy, "mlp_norm")(x)))
+        attention = _Attention(cfg, policy, name="attention")
+        x = _sublayer(cfg, policy, drop, "attn_norm", x, lambda h: attention(h, mask, positions))
+        x = _sublayer(cfg, policy, drop, "mlp_norm", x, _MLP(cfg, policy, name="mlp"))
         return layers.constrain(x, ("batch", "length", "embed")), None
 
 
 class DecoderBlock(nn.Module):
     """Causal self-attention within each example, cross-attention to the same example's
-    encoding, then the MLP; each pre-norm with a residual; a scan body."""
+    encoding, then the MLP; each a residual sublayer (pre- or post-norm); a scan body."""
 
     config: T5Config
     policy: Policy
@@ -261,13 +301,15 @@ class DecoderBlock(nn.Module):
     def __call__(self, x, positions, self_mask, memory, cross_mask):
         cfg, policy = self.config, self.policy
         drop = nn.Dropout(cfg.dropout, deterministic=self.deterministic)
-        h = _norm(cfg, policy, "attn_norm")(x)
         attention = _Attention(cfg, policy, causal=True, cache_len=self.cache_len,
                                name="attention")  # fmt: skip
-        x = x + drop(attention(h, self_mask, positions))
-        h = _norm(cfg, policy, "cross_norm")(x)
-        x = x + drop(_Attention(cfg, policy, name="cross")(h, cross_mask, memory=memory))
-        x = x + drop(_GatedMLP(cfg, policy, name="mlp")(_norm(cfg, policy, "mlp_norm")(x)))
+        cross = _Attention(cfg, policy, name="cross")
+        x = _sublayer(
+            cfg, policy, drop, "attn_norm", x, lambda h: attention(h, self_mask, positions)
+        )
+        x = _sublayer(cfg, policy, drop, "cross_norm", x,
+                      lambda h: cross(h, cross_mask, memory=memory))  # fmt: skip
+        x = _sublayer(cfg, policy, drop, "mlp_norm", x, _MLP(cfg, policy, name="mlp"))
         return layers.constrain(x, ("batch", "length", "embed")), None
 
 
@@ -295,9 +337,23 @@ def _stack(
     )(cfg, policy, deterministic, name=name, **fields)
 
 
-def _embed(embed: nn.Module, cfg: T5Config, policy: Policy, tokens, deterministic):
-    x = embed(tokens).astype(policy.compute_dtype)
-    x = nn.Dropout(cfg.dropout, deterministic=deterministic)(x)
+def sinusoids(positions: jax.Array, d_model: int) -> jax.Array:
+    """The original Transformer's fixed position encodings, [..., d_model] fp32 for integer
+    ``positions`` [...]: sines of the first half's frequencies, then cosines (fairseq's layout;
+    the frequencies fall geometrically from 1 to 1/10,000)."""
+    half = d_model // 2
+    inv_freq = jnp.exp(-math.log(10000.0) * jnp.arange(half, dtype=jnp.float32) / max(half - 1, 1))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    out = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+    return jnp.pad(out, [(0, 0)] * (out.ndim - 1) + [(0, d_model % 2)])
+
+
+def _embed(embed: nn.Module, cfg: T5Config, policy: Policy, tokens, positions, deterministic):
+    x = embed(tokens)
+    if cfg.positions == "sinusoidal":
+        # Scaled to unit-std entries (init std d_model ** -0.5), the sinusoids' size.
+        x = x.astype(jnp.float32) * math.sqrt(cfg.d_model) + sinusoids(positions, cfg.d_model)
+    x = nn.Dropout(cfg.dropout, deterministic=deterministic)(x.astype(policy.compute_dtype))
     return layers.constrain(x, ("batch", "length", "embed"))
 
 
@@ -312,12 +368,12 @@ class Encoder(nn.Module):
     @nn.compact
     def __call__(self, source, source_segments, source_positions, deterministic=True):
         cfg, policy = self.config, self.policy
-        x = _embed(self.embed, cfg, policy, source, deterministic)
+        x = _embed(self.embed, cfg, policy, source, source_positions, deterministic)
         stack = _stack(
             EncoderBlock, cfg.encoder_layers, cfg, policy, self.remat, deterministic, "blocks", 2
         )
         x = stack(x, source_positions, segment_mask(source_segments, source_segments))[0]
-        return _norm(cfg, policy, "final_norm")(x)
+        return _final_norm(cfg, policy, x)
 
 
 class Decoder(nn.Module):
@@ -341,7 +397,7 @@ class Decoder(nn.Module):
         cache_len=None,
     ):
         cfg, policy = self.config, self.policy
-        x = _embed(self.embed, cfg, policy, target_inputs, deterministic)
+        x = _embed(self.embed, cfg, policy, target_inputs, target_positions, deterministic)
         extra = {} if cache_len is None else {"cache_len": cache_len}
         stack = _stack(DecoderBlock, cfg.decoder_layers, cfg, policy, self.remat, deterministic,
                        "blocks", 4, **extra)  # fmt: skip
@@ -352,7 +408,7 @@ class Decoder(nn.Module):
             encoded,
             segment_mask(target_segments, source_segments),
         )[0]
-        x = _norm(cfg, policy, "final_norm")(x)
+        x = _final_norm(cfg, policy, x)
         if cfg.tie_embeddings:
             logits = self.embed.attend(x)
         else:
@@ -463,7 +519,7 @@ def forward_flops(config: T5Config, *, rows: int, source_len: int, target_len: i
     """
     d, m, v = config.d_model, config.mlp_dim, config.vocab_size
     s, t = source_len, target_len
-    mlp = 2 * d * m + m * d
+    mlp = (3 if config.mlp == "gated_gelu" else 2) * d * m
     encoder = config.encoder_layers * s * (4 * d * d + mlp) + config.encoder_layers * 2 * s * s * d
     decoder = config.decoder_layers * (
         t * (4 * d * d + 2 * d * d + mlp)  # self qkv+out, cross q+out, MLP
