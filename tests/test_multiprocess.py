@@ -47,6 +47,10 @@ def _start_two_processes(run_dir, overrides, *, cli=False) -> list[tuple[subproc
         k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")
     }
     env["XLA_FLAGS"] = xla_flags(4)
+    # A compilation cache of this test's own, apart from the test run's: process 0 writes what
+    # the job compiles, and the job started again on the run_dir reads it back.
+    env["JAX_COMPILATION_CACHE_DIR"] = str(Path(run_dir).parent / "jit-cache")
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     env["JAX_PLATFORMS"] = "cpu"
     started = []
     for i in range(2):
