@@ -393,6 +393,7 @@ def test_row_sparse_updates_equal_dense_row_wise_adagrad(placement, tmp_path):
         state, _ = parts.train_step(state, batch)
         if step == 0:
             first_update = jax.device_get(state.params)
+            first_moment = _top_kernel_moment(state.opt_state)
         for name in names:
             g = grads[name]["rows"]["embedding"]
             acc[name] += (g**2).mean(-1)
@@ -414,6 +415,19 @@ def test_row_sparse_updates_equal_dense_row_wise_adagrad(placement, tmp_path):
     a, _ = reference.train_step(reference.init_state(), first)
     np.testing.assert_allclose(np.asarray(a.params["top_0"]["kernel"]),
                                first_update["top_0"]["kernel"], rtol=1e-5, atol=1e-7)  # fmt: skip
+    # The first update is ~ -lr sign(g) (Adam's first step); Adam's first moment, (1 - b1) g,
+    # holds the gradient's size too, so a gradient scaled by a stray reduction shows.
+    np.testing.assert_allclose(_top_kernel_moment(a.opt_state), first_moment, rtol=1e-4,
+                               atol=1e-9)  # fmt: skip
+
+
+def _top_kernel_moment(opt_state) -> np.ndarray:
+    """Adam's first moment of the top MLP's first kernel, wherever the optimizer keeps it."""
+    found = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(opt_state)[0]
+             if "mu" in (keys := jax.tree_util.keystr(path)) and "top_0" in keys
+             and "kernel" in keys]  # fmt: skip
+    assert len(found) == 1, len(found)
+    return np.asarray(found[0])
 
 
 def test_row_sparse_step_memory_does_not_grow_with_table_rows():

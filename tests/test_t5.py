@@ -79,6 +79,49 @@ def test_forward_flops_count_the_compiled_gemms(shape):
     assert analytic <= xla["flops"] <= 1.25 * analytic
 
 
+def _layer_norm(x, p, eps):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def test_the_vanilla_encoder_is_the_original_transformers_maths():
+    """The encoder in the original Transformer's shape against a NumPy transcription of it:
+    embeddings times sqrt(d_model) plus the sinusoids, then per block LayerNorm(x + attention(x))
+    and LayerNorm(x + W2 relu(W1 x + b1) + b2), every projection biased, no final norm."""
+    config = dataclasses.replace(CONFIG, **VANILLA)
+    model = t5.T5(config, hopperjax.get_policy("fp32"), RematConfig())
+    rng = np.random.default_rng(1)
+    tokens = jnp.asarray(rng.integers(3, 40, (2, LEN)), jnp.int32)
+    ones, positions = jnp.ones((2, LEN), jnp.int32), jnp.broadcast_to(jnp.arange(LEN), (2, LEN))
+    args = (tokens, ones, positions, tokens, ones, positions)
+    variables = model.init(jax.random.key(0), *args)
+    # Biases and norms start at zero and one: move them, so a dropped term shows.
+    variables = jax.tree.map(lambda x: x + 0.1 * rng.standard_normal(x.shape), nn.unbox(variables))
+    got = np.asarray(model.apply(variables, tokens, ones, positions, method="encode"))
+
+    params = jax.tree.map(np.asarray, variables["params"])
+    d, eps = config.d_model, config.norm_eps
+    x = params["token_embed"]["embedding"][np.asarray(tokens)] * np.sqrt(d)
+    x = x + np.asarray(t5.sinusoids(positions, d))
+    for layer in range(config.encoder_layers):
+        block = jax.tree.map(lambda w, i=layer: w[i], params["encoder"]["blocks"])
+        att = block["attention"]
+        qkv = np.einsum("btd,dchk->btchk", x, att["qkv"]["kernel"]) + att["qkv"]["bias"]
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        scores = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(config.head_dim)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        heads = np.einsum("bhts,bshk->bthk", probs, v)
+        out = np.einsum("bthk,hkd->btd", heads, att["attn_out"]["kernel"]) + att["attn_out"]["bias"]
+        x = _layer_norm(x + out, block["attn_norm"], eps)
+        mlp = block["mlp"]
+        hidden = np.maximum(x @ mlp["mlp_in"]["kernel"] + mlp["mlp_in"]["bias"], 0.0)
+        x = _layer_norm(x + hidden @ mlp["mlp_out"]["kernel"] + mlp["mlp_out"]["bias"],
+                        block["mlp_norm"], eps)  # fmt: skip
+    np.testing.assert_allclose(got, x, rtol=2e-4, atol=2e-4)
+
+
 @pytest.mark.parametrize("d_model", [32, 128])
 def test_tied_head_logits_start_at_unit_scale_whatever_d_model(d_model):
     # The tied head's logits start at std ~1 (rows of the embedding at norm ~1 against the final
@@ -113,9 +156,10 @@ def test_config_errors_name_the_key():
 
 
 def test_the_vanilla_keys_build_the_original_transformer():
-    """Post-norm LayerNorm (with biases, no final norms), a two-matrix ReLU MLP, biased
-    projections, and embeddings scaled by sqrt(d_model) plus the fixed sinusoids: unit-size
-    entries at every position, each example's own positions (the packed test above)."""
+    """Post-norm LayerNorm (with biases, no final norms), a two-matrix ReLU MLP and biased
+    projections hold the parameters they should; the fixed sinusoids are fairseq's table (the
+    forward maths: the NumPy transcription below; each example's own positions: the packed
+    test above)."""
     config = dataclasses.replace(CONFIG, **VANILLA)
     model = t5.T5(config, hopperjax.get_policy("fp32"), RematConfig())
     ids = jnp.ones((2, LEN), jnp.int32)

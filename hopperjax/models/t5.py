@@ -58,7 +58,7 @@ BLOCK_ACTIVATIONS = (
 class T5Config(config_lib.ModelConfig):
     """The translation model's ``model:`` group.
 
-    ``encoder_layers`` / ``decoder_layers``: blocks of each stack. ``mlp_dim``: the gated MLP's
+    ``encoder_layers`` / ``decoder_layers``: blocks of each stack. ``mlp_dim``: the MLP's
     hidden width. ``dropout`` after the embeddings and every residual branch (training only).
     ``tie_embeddings``: the output head is the embedding matrix. ``scan_unroll``: blocks
     unrolled per iteration of each layer scan. ``norm``: ``rms`` (T5's RMSNorm) or ``layer``
