@@ -52,8 +52,11 @@ def artifact_dir(tmp_path_factory):
 def test_one_supervised_server_per_slice_and_the_aggregate_table(
     artifact_dir, tmp_path, capsys, monkeypatch
 ):
-    # Five servers start on one artifact: what the first compiles, the rest read from the test
-    # run's compilation cache (which by default skips programs compiled in under a second).
+    # Five servers start on one artifact: what the first compiles, the rest read from a
+    # compilation cache of this test's own (which by default skips programs compiled in under a
+    # second; kept apart from the test run's, whose readers would otherwise race the servers'
+    # writes of those tiny programs).
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jit-cache"))
     monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     mig = _tool()
     saved = tmp_path / "smi.txt"
