@@ -66,6 +66,8 @@ LONGEST_FIRST = (
     "test_recommendation.py::test_row_sparse_updates_equal_dense_row_wise_adagrad",
     "test_workload_contract.py::test_trains_evaluates_resumes_exactly_and_restores_params",
     "test_mol_graphs.py::test_gin_reads_the_molecule",
+    "test_readme.py::test_library_example_runs",
+    "test_precision.py::test_fp8_and_loss_scale_state_evolve_and_resume_exactly",
     "test_memory.py::test_fp8_microbatches_combine_amax_by_max",
     "test_bench_loop.py::",
     "test_images.py::test_imagenet_recipe_trains",

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import REPO, TINY
 from jax.sharding import NamedSharding, PartitionSpec
+from testenv import xla_flags
 
 import hopperjax
 from hopperjax import inspect as inspect_lib
@@ -391,9 +392,10 @@ def test_overlap_refuses_a_started_backend(monkeypatch):
 
 def test_overlap_flags_are_known_to_this_xla(tmp_path):
     """Every flag parses (XLA aborts the process on an unknown one). The CLI sets them before
-    JAX starts: its first console line says what it set, and the run's config records the mode.
+    JAX starts, after the flags the environment already has (here the tests' own, one device):
+    its first console line says what it set, and the run's config records the mode.
     """
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
     code = "import jax; from hopperjax.parallel import overlap; "
     code += "overlap.apply('aggressive'); print(jax.devices()[0].platform)"
     done = subprocess.run(
