@@ -57,7 +57,7 @@ def tiny_config(tmp_path):
     return make
 
 
-# The longest tests (10-40 s each on 2 CPU cores), dispatched first: with two xdist workers a
+# The longest tests (~10-50 s each on 2 CPU cores), dispatched first: with two xdist workers a
 # long test that starts last leaves the other worker idle until it ends.
 LONGEST_FIRST = (
     "test_multiprocess.py::",

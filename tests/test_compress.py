@@ -392,8 +392,8 @@ def test_overlap_refuses_a_started_backend(monkeypatch):
 
 def test_overlap_flags_are_known_to_this_xla(tmp_path):
     """Every flag parses (XLA aborts the process on an unknown one). The CLI sets them before
-    JAX starts, after the flags the environment already has (here the tests' own, one device):
-    its first console line says what it set, and the run's config records the mode.
+    JAX starts, before the flags the environment already has, which win (here the tests' own,
+    one device): its first console line says what it set, and the run's config records the mode.
     """
     env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
     code = "import jax; from hopperjax.parallel import overlap; "

@@ -115,8 +115,9 @@ def test_fp8_and_loss_scale_state_evolve_and_resume_exactly(tiny_config, tmp_pat
         "train.stop_after=6",
         "train.eval_every=100",
     ]
-    # One device: the FP8 and loss-scale state's own resume (the sharded state's resume is
-    # tests/test_train.py's); one device's FP8 step is the cheaper one at the tests' LLVM level 0.
+    # One device: the FP8 and loss-scale leaves' own resume (tests/test_train.py resumes a
+    # sharded fp32 state; these leaves are restored by the same code); one device's FP8 step is
+    # the cheaper one at the tests' LLVM level 0.
     one = jax.devices()[:1]
     straight = hopperjax.train(
         tiny_config(*overrides, f"run_dir={tmp_path / 'a'}"), devices=one, console=False
@@ -202,7 +203,7 @@ def test_te_backend_trains(tiny_config):
 
 def test_policies_reach_the_fp32_eval_loss(tmp_path):
     """50 steps of the quickstart at half width and depth, 16 windows of 32 bytes per batch, on
-    one device (the 8-device step's parity is tests/test_train.py's; here the policies' numerics,
+    one device (fp32's 8-device parity is tests/test_train.py's; here the policies' numerics,
     and one device's step is cheaper at the tests' LLVM level 0); the full-size comparison, with
     step times, is experiments/precision_compare.py (the README quotes it). The eval loss falls
     from ln 256 = 5.5 to about 3.2 in every policy (3.241 in fp32, 3.234-3.241 in the others, when

@@ -47,11 +47,12 @@ VARIANTS = {
 }
 CASES = [*NAMES, *VARIANTS]
 # The eval at step 2 follows the second update, whose gradient can hang on float rounding: the
-# graph encoder's max over atoms sends its gradient to whichever of a molecule's symmetric atoms
-# is largest by an ulp, which the 8-device program and the 1-device one can round apart (same
-# forward, same first update to 1e-6; with the max taken out of the readout the parameters agree
-# to 2e-6 after both updates). Measured: 0.16 % apart (36.49 against 36.43).
-EVAL_PARITY_RTOL = {"dta-gin": 1e-2}
+# graph encoder's max over atoms sends its gradient to whichever of a molecule's near-tied
+# symmetric atoms is largest by an ulp, which the 8-device program and the 1-device one can round
+# apart (same forward, same first update to 1e-6; with the max taken out of the readout the
+# parameters agree to 2e-6 after both updates). Measured: 0.16 % apart (36.49 on one device,
+# 36.43 on 8).
+EVAL_PARITY_RTOL = {"dta-gin": 5e-3}
 GOLDEN = REPO / "tests" / "golden"
 # Set to write missing or changed golden files instead of failing (then review the diff).
 UPDATE_GOLDEN = os.environ.get("HOPPERJAX_UPDATE_GOLDEN") == "1"
