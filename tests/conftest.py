@@ -8,8 +8,9 @@ from testenv import xla_flags
 
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {xla_flags(8)}".strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Measured peaks (observe/flops.py) are kept per machine; the tests keep theirs apart.
-os.environ["HOPPERJAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="hopperjax-test-cache-")
+# Measured peaks (observe/flops.py) are kept per machine; the tests keep theirs apart (one
+# directory per process: the controller's and each worker's, each removed at its session's end).
+_PEAKS = os.environ["HOPPERJAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="hopperjax-test-cache-")
 
 from pathlib import Path
 
@@ -96,5 +97,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_PEAKS, ignore_errors=True)
     if _CACHE_OWNER:
         shutil.rmtree(_CACHE, ignore_errors=True)
