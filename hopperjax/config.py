@@ -719,6 +719,30 @@ _STEP_KEYS = (
 )
 
 
+def _check_choices(group: Any, prefix: str = "") -> None:
+    """Every choice-typed (``Literal``) field of ``group`` and of its nested groups holds one of
+    its choices. The YAML path checks them as it reads them; a config built or changed in Python
+    (``dataclasses.replace``, a ``T5Config(norm="lyaer")``) reaches ``validate`` unchecked."""
+    hints = typing.get_type_hints(type(group))
+    for field in dataclasses.fields(group):
+        value, key = getattr(group, field.name), prefix + field.name
+        if dataclasses.is_dataclass(value):
+            _check_choices(value, key + ".")
+            continue
+        hint = hints[field.name]
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        options = typing.get_args(hint) if union else (hint,)
+        if value is None and type(None) in options:
+            continue
+        for option in options:
+            if typing.get_origin(option) is Literal:
+                choices = typing.get_args(option)
+                if isinstance(value, bool) or value not in choices:
+                    raise ConfigError(
+                        key, f"expected one of {', '.join(map(str, choices))}, got {shown(value)}"
+                    )
+
+
 def validate(config: Config) -> None:
     """Raises ConfigError for the first inconsistent value; never mutates anything.
 
@@ -727,6 +751,7 @@ def validate(config: Config) -> None:
     """
     d, t, o = config.data, config.train, config.optim
     cls = workload_class(config.workload)
+    _check_choices(config)
     for group, expected in _groups(cls).items():
         value = getattr(config, group)
         if not isinstance(value, expected):

@@ -353,3 +353,28 @@ def test_config_error_is_one_bounded_line():
     assert "\n" not in str(error) and len(str(error)) <= MAX_MESSAGE
     assert str(error).startswith("data.path: file not found: ppp")
     assert str(error).endswith("pp (end)")
+
+
+def test_a_config_built_in_python_is_checked_before_training(tmp_path):
+    """The YAML path checks every choice as it reads it; a config changed in Python
+    (``dataclasses.replace``) reaches ``train`` unread, so ``train`` validates it again: a
+    misspelled choice, in a core group or a workload's model group, is one ConfigError naming its
+    key, raised before the run directory is touched."""
+    smoke = hopperjax.workloads.get("translation").smoke_overrides
+    config = load_config(
+        REPO / "configs" / "multi30k_t5.yaml", [*smoke, f"run_dir={tmp_path / 'run'}"]
+    )
+    bad_model = dataclasses.replace(config, model=dataclasses.replace(config.model, norm="lyaer"))
+    bad_optim = dataclasses.replace(config, optim=dataclasses.replace(config.optim, name="adma"))
+    for bad, key, choices in (
+        (bad_model, "model.norm", "rms, layer"),
+        (bad_optim, "optim.name", "adamw, sgd, lamb, lars"),
+    ):
+        with pytest.raises(
+            ConfigError, match=f"expected one of {choices}, got 'lyaer'|'adma'"
+        ) as e:
+            hopperjax.train(bad, console=False)
+        assert e.value.key == key
+    assert not (tmp_path / "run").exists()
+    # a None where the type allows one, and every choice the YAML path gives, pass as before
+    hopperjax.config.validate(config)

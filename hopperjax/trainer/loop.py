@@ -178,7 +178,7 @@ def train(
     history.
 
     Args:
-      config: a validated Config (``load_config``).
+      config: a Config (``load_config``, or built in Python: validated here again).
       devices: devices for the mesh; default all.
       console: True prints a line per log step and eval (with a spinner and a live bar on a
         terminal) and the end-of-run summary; ``"bar"``, for scripts that train many runs, prints
@@ -193,6 +193,7 @@ def train(
       FloatingPointError: the loss, the state or the loss scale became unusable (names the steps
         and the last good checkpoint).
     """
+    config_lib.validate(config)  # again: a config built or changed in Python skips load_config
     run_dir = config.run_path
     primary = jax.process_index() == 0
     with contextlib.ExitStack() as stack:
