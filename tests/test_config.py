@@ -366,13 +366,11 @@ def test_a_config_built_in_python_is_checked_before_training(tmp_path):
     )
     bad_model = dataclasses.replace(config, model=dataclasses.replace(config.model, norm="lyaer"))
     bad_optim = dataclasses.replace(config, optim=dataclasses.replace(config.optim, name="adma"))
-    for bad, key, choices in (
-        (bad_model, "model.norm", "rms, layer"),
-        (bad_optim, "optim.name", "adamw, sgd, lamb, lars"),
+    for bad, key, expected in (
+        (bad_model, "model.norm", "expected one of rms, layer, got 'lyaer'"),
+        (bad_optim, "optim.name", "expected one of adamw, sgd, lamb, lars, got 'adma'"),
     ):
-        with pytest.raises(
-            ConfigError, match=f"expected one of {choices}, got 'lyaer'|'adma'"
-        ) as e:
+        with pytest.raises(ConfigError, match=expected) as e:
             hopperjax.train(bad, console=False)
         assert e.value.key == key
     assert not (tmp_path / "run").exists()
