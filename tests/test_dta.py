@@ -765,3 +765,82 @@ def test_rank_scale_batch_orders_without_rewarding_spread(tmp_path):
     assert abs(float(grad.sum())) < 1e-4  # nor on the offset
     assert grad[-1] == 0.0  # padding takes no part
     assert np.abs(grad).max() > 1e-3
+
+
+def test_an_ensemble_trains_each_member_on_its_own_loss_and_predicts_their_mean(tmp_path):
+    """model.members=2: two networks, each the one-network model with its own parameters (its
+    own initialization), its own predictions, and the gradient of its own loss (halved: the
+    loss is the members' mean); predict (eval, export, serving) returns their mean."""
+    config = dta_config(tmp_path, *RUN, "model.members=2")
+    single = dta_config(tmp_path, *RUN)
+    with pytest.raises(hopperjax.ConfigError, match=r"model\.members"):
+        dta_workload.AffinityRegression.validate_config(dta_config(tmp_path, "model.members=0"))
+    pairs = dta_workload.load_pairs(config)
+    batch = _pairs_batch(config, np.arange(40))
+    inputs = dta_workload.to_model_batch(
+        batch, drug_rows=pairs.drugs, protein_rows=pairs.proteins, block=0, dedup=True
+    )
+    inputs = {k: inputs[k] for k in MODEL_KEYS}
+    labels = {"affinity": batch["affinity"], "weight": batch["weight"]}
+    ensemble, model = hopperjax.build_model(config), hopperjax.build_model(single)
+    workload, one = (dta_workload.AffinityRegression(c) for c in (config, single))
+
+    @jax.jit
+    def run(inputs, labels):
+        params = nn.meta.unbox(ensemble.init(jax.random.key(0, impl="rbg"), inputs))["params"]
+
+        def ensemble_loss(p):
+            return workload.loss(ensemble.apply({"params": p}, inputs), labels)
+
+        def member_loss(p):
+            return one.loss(model.apply({"params": p}, inputs), labels)
+
+        members = [params[f"member{i}"] for i in range(2)]
+        return (
+            params,
+            ensemble.apply({"params": params}, inputs),
+            workload.predict(ensemble, {"params": params}, inputs),
+            [model.apply({"params": p}, inputs) for p in members],
+            jax.grad(ensemble_loss)(params),
+            [jax.grad(member_loss)(p) for p in members],
+        )
+
+    params, outputs, mean, alone, grads, alone_grads = jax.device_get(run(inputs, labels))
+    assert sorted(params) == ["member0", "member1"]
+    one_shapes = jax.eval_shape(model.init, jax.random.key(0, impl="rbg"), inputs)["params"]
+    for member in params.values():  # each member is the one-network model's tree
+        shapes = jax.tree.map(lambda x: x.shape, member)
+        assert shapes == jax.tree.map(lambda x: x.shape, nn.meta.unbox(one_shapes))
+    kernel = params["member0"]["head0"]["kernel"]
+    assert np.abs(kernel - params["member1"]["head0"]["kernel"]).max() > 0.1 * np.abs(kernel).max()
+    assert outputs.shape == (2, 40)
+    assert np.abs(outputs[0] - outputs[1]).max() > 1e-3  # two initializations, two predictions
+    for i in range(2):
+        np.testing.assert_allclose(outputs[i], alone[i], rtol=1e-5, atol=1e-6)
+        for got, want in zip(
+            jax.tree.leaves(grads[f"member{i}"]), jax.tree.leaves(alone_grads[i]), strict=True
+        ):
+            np.testing.assert_allclose(got, 0.5 * want, rtol=1e-4, atol=1e-6 * np.abs(want).max())
+    np.testing.assert_allclose(mean, outputs.mean(axis=0), rtol=1e-6)
+    assert mean.shape == (40,)
+
+
+def test_an_ensemble_run_evaluates_its_mean_and_inspect_counts_each_member(tmp_path):
+    """A members=2 run trains, evaluates and restores (standardized targets shared by the
+    members); inspect counts twice the one network's GEMMs, per member by name, and its FLOP
+    model agrees with the compiled step's."""
+    run = ["model.members=2", "data.standardize=true", "train.steps=20", "train.eval_every=20"]
+    result = hopperjax.train(dta_config(tmp_path, *RUN, *run), console=False)
+    (last,) = [r for r in result.history if "eval_mse" in r]
+    assert math.isfinite(last["eval_mse"]) and last["eval_pairs"] == 70
+    restored = hopperjax.restore_params(result.run_dir)
+    assert sorted(restored.variables["params"]) == ["member0", "member1"]
+
+    one, two = (
+        inspect_config(dta_config(tmp_path / f"i{m}", *RUN, f"model.members={m}")) for m in (1, 2)
+    )
+    for key in ("flops_per_step", "model_flops_per_step"):
+        assert two[key] == pytest.approx(2 * one[key], rel=1e-6), key
+    assert two["flops_per_step"] == pytest.approx(two["model_flops_per_step"], rel=0.05)
+    layers = {g["layer"].split("/")[0] for g in two["gemms"] if g["layer"]}
+    assert layers == {"member0", "member1"}, layers

@@ -48,6 +48,10 @@ class DTAConfig(config_lib.ModelConfig):
     convolutions. ``head_dims``: the MLP on the concatenated drug and protein vectors
     (comma-separated). ``dropout``: after each head layer but the last, and in the transformer
     blocks, in [0, 1). Sizes, ``norm_eps`` and ``init_std`` are > 0.
+    ``members`` > 1 makes the model a deep ensemble: that many copies of the network, each
+    initialized from its own key and trained on its own loss (the workload's loss is the mean of
+    the members'), predicting the mean of their predictions; it costs ``members`` times the
+    FLOPs and parameters. 1 (the default) is one network, its parameters as without the key.
     """
 
     drug_encoder: Literal["cnn", "transformer", "gin"] = "cnn"
@@ -66,6 +70,7 @@ class DTAConfig(config_lib.ModelConfig):
     init_std: float = 0.02
     gnn_dim: int = 128
     gnn_layers: int = 4
+    members: int = 1
 
     @property
     def head_sizes(self) -> tuple[int, ...]:
@@ -89,6 +94,7 @@ class DTAConfig(config_lib.ModelConfig):
             config_lib.positive(f"model.{key}", getattr(self, key))
         for key in ("d_model", "layers", "heads", "norm_eps", "init_std", "gnn_dim", "gnn_layers"):
             config_lib.positive(f"model.{key}", getattr(self, key))
+        config_lib.positive("model.members", self.members)
         if self.d_model % self.heads:
             raise config_lib.ConfigError(
                 "model.heads", f"must divide model.d_model={self.d_model}, got {self.heads}"
@@ -268,11 +274,107 @@ class GraphEncoder(nn.Module):
         return nn.relu(dense(dim, 2 * dim, "readout_in")(pooled))
 
 
+def _encoder(
+    module: nn.Module, kind: str, vocab: int, kernel: int, pool: int, name: str
+) -> nn.Module:
+    """One encoder, a submodule of ``module`` (a ``DTA`` or an ensemble ``_Network``)."""
+    if kind == "gin":
+        return GraphEncoder(
+            module.atom_vocab, module.bond_types, module.config, module.policy, name=name
+        )
+    if kind == "cnn":
+        return ConvEncoder(vocab, module.config, kernel, pool, module.policy, name=name)
+    return TransformerEncoder(vocab, module.config, module.policy, module.remat, name=name)
+
+
+def _encode(
+    encoder: nn.Module, batch: dict[str, jax.Array], which: str, deterministic: bool
+) -> jax.Array:
+    if isinstance(encoder, GraphEncoder):
+        return encoder(batch[f"{which}_atoms"], batch[f"{which}_bonds"])
+    if isinstance(encoder, TransformerEncoder):
+        return encoder(batch[f"{which}_tokens"], deterministic)
+    return encoder(batch[f"{which}_tokens"])
+
+
+def _network(module: nn.Module, batch: dict[str, jax.Array], deterministic: bool) -> jax.Array:
+    """The encoders and the head, built as submodules of ``module`` (called from its compact
+    ``__call__``, so one network's parameters sit at the top of ``DTA``'s tree) -> the head's
+    output [B] float32."""
+    dta, policy = module.config, module.policy
+    drugs = _encoder(module, dta.drug_encoder, module.drug_vocab, dta.drug_kernel, 1, "drug")
+    proteins = _encoder(
+        module,
+        dta.protein_encoder,
+        module.protein_vocab,
+        dta.protein_kernel,
+        dta.protein_pool,
+        "protein",
+    )
+    drug_vectors = _encode(drugs, batch, "drug", deterministic)
+    protein_vectors = _encode(proteins, batch, "protein", deterministic)
+    x = jnp.concatenate(
+        [
+            jnp.take(drug_vectors, batch["drug_index"], axis=0),
+            jnp.take(protein_vectors, batch["protein_index"], axis=0),
+        ],
+        axis=-1,
+    ).astype(policy.compute_dtype)
+    x = layers.constrain(x, ("batch", "embed"))
+    axis = "embed"  # logical name of x's feature dim; the head alternates embed <-> mlp
+    for i, width in enumerate(dta.head_sizes):
+        out_axis = "mlp" if axis == "embed" else "embed"
+        x = layers.dense(
+            width,
+            axes=(axis, out_axis),
+            policy=policy,
+            std=math.sqrt(2.0 / x.shape[-1]),  # He init for ReLU
+            use_bias=True,
+            name=f"head{i}",
+        )(x)
+        axis = out_axis
+        x = nn.relu(x)
+        if i < len(dta.head_sizes) - 1:  # DeepDTA: dropout after all but the last layer
+            x = nn.Dropout(dta.dropout, deterministic=deterministic)(x)
+    out = layers.dense(
+        1,
+        axes=(axis, None),
+        policy=policy,
+        std=math.sqrt(1.0 / x.shape[-1]),
+        use_bias=True,
+        name="out",
+    )(x)
+    return out[:, 0].astype(jnp.float32)
+
+
+class _Network(nn.Module):
+    """One member of an ensemble (``model.members`` > 1): ``DTA``'s network without the
+    standardization, which the ensemble's members share."""
+
+    config: DTAConfig
+    policy: Policy
+    remat: RematConfig
+    drug_vocab: int
+    protein_vocab: int
+    atom_vocab: tuple[int, ...]
+    bond_types: int
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, batch: dict[str, jax.Array]) -> jax.Array:
+        return _network(self, batch, self.deterministic)
+
+
 class DTA(nn.Module):
     """Affinity of each (drug, protein) pair of a batch.
 
     Attributes:
-      config: encoder and head sizes.
+      config: encoder and head sizes, and ``members``: more than 1 builds that many networks
+        (``member0``, ``member1``, ...: each initialized, and given dropout, from its own key
+        by its name) and returns each one's predictions; the workload trains each on its own
+        loss and predicts their mean. Separate networks, not one ``nn.vmap`` over stacked
+        parameters: a vmapped convolution becomes a grouped one, whose batch-split rows XLA's
+        partitioner gathers onto every device (measured on 8 CPU devices).
       drug_vocab, protein_vocab: token ids of the two tokenizers (the workload passes them in;
         models never read data).
       atom_vocab, bond_types: the graph encoder's categories per atom feature and bond types
@@ -293,68 +395,30 @@ class DTA(nn.Module):
     atom_vocab: tuple[int, ...] = ()
     bond_types: int = 0
 
-    def _encoder(self, kind: str, vocab: int, kernel: int, pool: int, name: str) -> nn.Module:
-        if kind == "gin":
-            return GraphEncoder(
-                self.atom_vocab, self.bond_types, self.config, self.policy, name=name
-            )
-        if kind == "cnn":
-            return ConvEncoder(vocab, self.config, kernel, pool, self.policy, name=name)
-        return TransformerEncoder(vocab, self.config, self.policy, self.remat, name=name)
-
-    def _encode(
-        self, encoder: nn.Module, batch: dict[str, jax.Array], which: str, deterministic: bool
-    ) -> jax.Array:
-        if isinstance(encoder, GraphEncoder):
-            return encoder(batch[f"{which}_atoms"], batch[f"{which}_bonds"])
-        if isinstance(encoder, TransformerEncoder):
-            return encoder(batch[f"{which}_tokens"], deterministic)
-        return encoder(batch[f"{which}_tokens"])
-
     @nn.compact
     def __call__(self, batch: dict[str, jax.Array], *, deterministic: bool = True) -> jax.Array:
         """batch: drug_tokens [Ud, Ld] (or, for ``gin``, drug_atoms [Ud, A, features] and
         drug_bonds [Ud, E, 3]), protein_tokens [Up, Lp], drug_index, protein_index [B]
-        -> predicted affinity [B] float32."""
-        dta, policy = self.config, self.policy
-        drugs = self._encoder(dta.drug_encoder, self.drug_vocab, dta.drug_kernel, 1, "drug")
-        proteins = self._encoder(
-            dta.protein_encoder, self.protein_vocab, dta.protein_kernel, dta.protein_pool, "protein"
-        )
-        drug_vectors = self._encode(drugs, batch, "drug", deterministic)
-        protein_vectors = self._encode(proteins, batch, "protein", deterministic)
-        x = jnp.concatenate(
-            [
-                jnp.take(drug_vectors, batch["drug_index"], axis=0),
-                jnp.take(protein_vectors, batch["protein_index"], axis=0),
-            ],
-            axis=-1,
-        ).astype(policy.compute_dtype)
-        x = layers.constrain(x, ("batch", "embed"))
-        axis = "embed"  # logical name of x's feature dim; the head alternates embed <-> mlp
-        for i, width in enumerate(dta.head_sizes):
-            out_axis = "mlp" if axis == "embed" else "embed"
-            x = layers.dense(
-                width,
-                axes=(axis, out_axis),
-                policy=policy,
-                std=math.sqrt(2.0 / x.shape[-1]),  # He init for ReLU
-                use_bias=True,
-                name=f"head{i}",
-            )(x)
-            axis = out_axis
-            x = nn.relu(x)
-            if i < len(dta.head_sizes) - 1:  # DeepDTA: dropout after all but the last layer
-                x = nn.Dropout(self.config.dropout, deterministic=deterministic)(x)
-        out = layers.dense(
-            1,
-            axes=(axis, None),
-            policy=policy,
-            std=math.sqrt(1.0 / x.shape[-1]),
-            use_bias=True,
-            name="out",
-        )(x)
-        out = out[:, 0].astype(jnp.float32)
+        -> predicted affinity [B] float32; with ``members`` > 1, each member's: [members, B]."""
+        if self.config.members == 1:
+            out = _network(self, batch, deterministic)
+        else:
+            out = jnp.stack(
+                [
+                    _Network(
+                        self.config,
+                        self.policy,
+                        self.remat,
+                        self.drug_vocab,
+                        self.protein_vocab,
+                        self.atom_vocab,
+                        self.bond_types,
+                        deterministic,
+                        name=f"member{i}",
+                    )(batch)
+                    for i in range(self.config.members)
+                ]
+            )
         if self.target_stats is None:
             return out
         mean0, std0 = self.target_stats
@@ -411,10 +475,10 @@ def train_flops_per_step(
     protein_len: int,
 ) -> float:
     """Model FLOPs of one training step (3 x forward) that encodes ``drugs`` and ``proteins``
-    sequences (table rows) and scores ``pairs``."""
+    sequences (table rows) and scores ``pairs``, in each of the ``members`` networks."""
     forward = (
         drugs * encoder_flops(config, "drug", drug_len)
         + proteins * encoder_flops(config, "protein", protein_len)
         + pairs * head_flops(config)
     )
-    return 3.0 * forward
+    return 3.0 * config.members * forward

@@ -14,6 +14,7 @@ import functools
 from pathlib import Path
 from typing import Any, Literal
 
+import flax.linen as nn
 import grain
 import jax
 import jax.numpy as jnp
@@ -585,6 +586,13 @@ class AffinityRegression(Workload):
         return ({k: batch[k] for k in keys},)
 
     def loss(self, outputs: jax.Array, batch: Any) -> jax.Array:
+        if self.config.model.members > 1:
+            # A deep ensemble: each member [members, B] trains on its own loss; their mean is
+            # the batch's loss, so each member's gradient is its own loss's over members.
+            return jax.vmap(lambda member: self._loss(member, batch))(outputs).mean()
+        return self._loss(outputs, batch)
+
+    def _loss(self, outputs: jax.Array, batch: Any) -> jax.Array:
         w = batch["weight"]
         mse = (w * (outputs - batch["affinity"]) ** 2).sum() / jnp.maximum(w.sum(), 1.0)
         loss = mse / self._std() ** 2
@@ -597,6 +605,11 @@ class AffinityRegression(Workload):
                 scaled = outputs / self._std()
             loss += self.config.data.rank_weight * rank_loss(scaled, batch["affinity"], w)
         return loss
+
+    def predict(self, model: nn.Module, variables: dict[str, Any], batch: Any) -> jax.Array:
+        """Each pair's predicted affinity [B]: an ensemble's is the mean of its members'."""
+        outputs = super().predict(model, variables, batch)
+        return outputs.mean(axis=0) if self.config.model.members > 1 else outputs
 
     def eval_outputs(self, outputs: jax.Array, batch: Any) -> dict[str, jax.Array]:
         return {"prediction": outputs, "affinity": batch["affinity"], "weight": batch["weight"]}
