@@ -770,7 +770,8 @@ def test_rank_scale_batch_orders_without_rewarding_spread(tmp_path):
 def test_an_ensemble_trains_each_member_on_its_own_loss_and_predicts_their_mean(tmp_path):
     """model.members=2: two networks, each the one-network model with its own parameters (its
     own initialization), its own predictions, and the gradient of its own loss (halved: the
-    loss is the members' mean); predict (eval, export, serving) returns their mean."""
+    loss is the members' mean); predict (which eval, export and serving call) returns their
+    mean."""
     config = dta_config(tmp_path, *RUN, "model.members=2")
     single = dta_config(tmp_path, *RUN)
     with pytest.raises(hopperjax.ConfigError, match=r"model\.members"):

@@ -252,7 +252,10 @@ def test_logged_norms_skips_eta_and_console_line_say_what_they_name(tiny_config,
     eta_s is the steps left times the step time, and each console line shows its record."""
     config = tiny_config(
         "precision=fp16",
-        "loss_scale.init_scale=4194304",  # 2^22: steps 0-3 and 5 overflow, the others do not
+        # 2^22: the first steps overflow, until the halved scale fits. Which later steps overflow
+        # depends on the data, the embedded corpus of the package's own sources, which every
+        # commit changes: so only the first step's skip and one applied step are fixed.
+        "loss_scale.init_scale=4194304",
         "train.stop_after=8",
         "train.checkpoint_every=1",
         "train.keep_checkpoints=8",
@@ -262,7 +265,7 @@ def test_logged_norms_skips_eta_and_console_line_say_what_they_name(tiny_config,
     records = [r for r in result.history if "loss" in r]
     assert [r["step"] for r in records] == list(range(8))
     skipped = [r["skipped"] for r in records]
-    assert skipped[0] == 1.0 and skipped[-1] == 0.0 and 0.0 in skipped[:-1], skipped
+    assert skipped[0] == 1.0 and 0.0 in skipped, skipped
     assert [r["skipped_total"] for r in records] == list(np.cumsum(skipped))
     for before, after in itertools.pairwise(records):
         factor = 0.5 if before["skipped"] else 1.0

@@ -290,6 +290,7 @@ def _encoder(
 def _encode(
     encoder: nn.Module, batch: dict[str, jax.Array], which: str, deterministic: bool
 ) -> jax.Array:
+    """The ``which`` ("drug" or "protein") table's rows encoded: [rows, features]."""
     if isinstance(encoder, GraphEncoder):
         return encoder(batch[f"{which}_atoms"], batch[f"{which}_bonds"])
     if isinstance(encoder, TransformerEncoder):
@@ -358,10 +359,11 @@ class _Network(nn.Module):
     protein_vocab: int
     atom_vocab: tuple[int, ...]
     bond_types: int
-    deterministic: bool
+    deterministic: bool  # an attribute, not a call argument: the members are built per call
 
     @nn.compact
     def __call__(self, batch: dict[str, jax.Array]) -> jax.Array:
+        """This member's head output [B] float32."""
         return _network(self, batch, self.deterministic)
 
 

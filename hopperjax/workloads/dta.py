@@ -587,8 +587,10 @@ class AffinityRegression(Workload):
 
     def loss(self, outputs: jax.Array, batch: Any) -> jax.Array:
         if self.config.model.members > 1:
-            # A deep ensemble: each member [members, B] trains on its own loss; their mean is
-            # the batch's loss, so each member's gradient is its own loss's over members.
+            # A deep ensemble, outputs [members, B]: each member's loss on its own predictions.
+            # Their mean, not their sum, keeps the logged loss on one network's scale; each
+            # member's gradient is then its own loss's divided by members, which Adam's
+            # normalization undoes (but for eps). eval_loss, of the mean prediction, is lower.
             return jax.vmap(lambda member: self._loss(member, batch))(outputs).mean()
         return self._loss(outputs, batch)
 
