@@ -590,7 +590,7 @@ class AffinityRegression(Workload):
             # A deep ensemble, outputs [members, B]: each member's loss on its own predictions.
             # Their mean, not their sum, keeps the logged loss on one network's scale; each
             # member's gradient is then its own loss's divided by members, which Adam's
-            # normalization undoes (but for eps). eval_loss, of the mean prediction, is lower.
+            # normalization undoes (but for eps). eval_loss is the mean prediction's loss.
             return jax.vmap(lambda member: self._loss(member, batch))(outputs).mean()
         return self._loss(outputs, batch)
 
