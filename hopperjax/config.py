@@ -629,6 +629,14 @@ def _build(
     return cls(**kwargs)
 
 
+def _check_choice(key: str, value: Any, choices: tuple[Any, ...]) -> None:
+    """Raises ConfigError naming ``key`` unless ``value`` is one of ``choices`` (never a bool)."""
+    if isinstance(value, bool) or value not in choices:
+        raise ConfigError(
+            key, f"expected one of {', '.join(map(str, choices))}, got {shown(value)}"
+        )
+
+
 def _coerce(key: str, value: Any, hint: Any) -> Any:
     """Checks ``value`` against a type hint, with the few conversions a YAML user expects."""
     origin = typing.get_origin(hint)
@@ -643,10 +651,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         # YAML 1.1 reads a bare off / on as a boolean; where the choice is spelled so, mean it.
         if isinstance(value, bool) and ("on" if value else "off") in choices:
             value = "on" if value else "off"
-        if isinstance(value, bool) or value not in choices:
-            raise ConfigError(
-                key, f"expected one of {', '.join(map(str, choices))}, got {shown(value)}"
-            )
+        _check_choice(key, value, choices)
         return value
     if hint is bool:
         if isinstance(value, bool):
@@ -736,11 +741,7 @@ def _check_choices(group: Any, prefix: str = "") -> None:
             continue
         for option in options:
             if typing.get_origin(option) is Literal:
-                choices = typing.get_args(option)
-                if isinstance(value, bool) or value not in choices:
-                    raise ConfigError(
-                        key, f"expected one of {', '.join(map(str, choices))}, got {shown(value)}"
-                    )
+                _check_choice(key, value, typing.get_args(option))
 
 
 def validate(config: Config) -> None:
