@@ -274,99 +274,6 @@ class GraphEncoder(nn.Module):
         return nn.relu(dense(dim, 2 * dim, "readout_in")(pooled))
 
 
-def _encoder(
-    module: nn.Module, kind: str, vocab: int, kernel: int, pool: int, name: str
-) -> nn.Module:
-    """One encoder, a submodule of ``module`` (a ``DTA`` or an ensemble ``_Network``)."""
-    if kind == "gin":
-        return GraphEncoder(
-            module.atom_vocab, module.bond_types, module.config, module.policy, name=name
-        )
-    if kind == "cnn":
-        return ConvEncoder(vocab, module.config, kernel, pool, module.policy, name=name)
-    return TransformerEncoder(vocab, module.config, module.policy, module.remat, name=name)
-
-
-def _encode(
-    encoder: nn.Module, batch: dict[str, jax.Array], which: str, deterministic: bool
-) -> jax.Array:
-    """The ``which`` ("drug" or "protein") table's rows encoded: [rows, features]."""
-    if isinstance(encoder, GraphEncoder):
-        return encoder(batch[f"{which}_atoms"], batch[f"{which}_bonds"])
-    if isinstance(encoder, TransformerEncoder):
-        return encoder(batch[f"{which}_tokens"], deterministic)
-    return encoder(batch[f"{which}_tokens"])
-
-
-def _network(module: nn.Module, batch: dict[str, jax.Array], deterministic: bool) -> jax.Array:
-    """The encoders and the head, built as submodules of ``module`` (called from its compact
-    ``__call__``, so one network's parameters sit at the top of ``DTA``'s tree) -> the head's
-    output [B] float32."""
-    dta, policy = module.config, module.policy
-    drugs = _encoder(module, dta.drug_encoder, module.drug_vocab, dta.drug_kernel, 1, "drug")
-    proteins = _encoder(
-        module,
-        dta.protein_encoder,
-        module.protein_vocab,
-        dta.protein_kernel,
-        dta.protein_pool,
-        "protein",
-    )
-    drug_vectors = _encode(drugs, batch, "drug", deterministic)
-    protein_vectors = _encode(proteins, batch, "protein", deterministic)
-    x = jnp.concatenate(
-        [
-            jnp.take(drug_vectors, batch["drug_index"], axis=0),
-            jnp.take(protein_vectors, batch["protein_index"], axis=0),
-        ],
-        axis=-1,
-    ).astype(policy.compute_dtype)
-    x = layers.constrain(x, ("batch", "embed"))
-    axis = "embed"  # logical name of x's feature dim; the head alternates embed <-> mlp
-    for i, width in enumerate(dta.head_sizes):
-        out_axis = "mlp" if axis == "embed" else "embed"
-        x = layers.dense(
-            width,
-            axes=(axis, out_axis),
-            policy=policy,
-            std=math.sqrt(2.0 / x.shape[-1]),  # He init for ReLU
-            use_bias=True,
-            name=f"head{i}",
-        )(x)
-        axis = out_axis
-        x = nn.relu(x)
-        if i < len(dta.head_sizes) - 1:  # DeepDTA: dropout after all but the last layer
-            x = nn.Dropout(dta.dropout, deterministic=deterministic)(x)
-    out = layers.dense(
-        1,
-        axes=(axis, None),
-        policy=policy,
-        std=math.sqrt(1.0 / x.shape[-1]),
-        use_bias=True,
-        name="out",
-    )(x)
-    return out[:, 0].astype(jnp.float32)
-
-
-class _Network(nn.Module):
-    """One member of an ensemble (``model.members`` > 1): ``DTA``'s network without the
-    standardization, which the ensemble's members share."""
-
-    config: DTAConfig
-    policy: Policy
-    remat: RematConfig
-    drug_vocab: int
-    protein_vocab: int
-    atom_vocab: tuple[int, ...]
-    bond_types: int
-    deterministic: bool  # an attribute, not a call argument: the members are built per call
-
-    @nn.compact
-    def __call__(self, batch: dict[str, jax.Array]) -> jax.Array:
-        """This member's head output [B] float32."""
-        return _network(self, batch, self.deterministic)
-
-
 class DTA(nn.Module):
     """Affinity of each (drug, protein) pair of a batch.
 
@@ -397,30 +304,89 @@ class DTA(nn.Module):
     atom_vocab: tuple[int, ...] = ()
     bond_types: int = 0
 
+    def _encoder(self, kind: str, vocab: int, kernel: int, pool: int, name: str) -> nn.Module:
+        if kind == "gin":
+            return GraphEncoder(
+                self.atom_vocab, self.bond_types, self.config, self.policy, name=name
+            )
+        if kind == "cnn":
+            return ConvEncoder(vocab, self.config, kernel, pool, self.policy, name=name)
+        return TransformerEncoder(vocab, self.config, self.policy, self.remat, name=name)
+
+    def _encode(
+        self, encoder: nn.Module, batch: dict[str, jax.Array], which: str, deterministic: bool
+    ) -> jax.Array:
+        if isinstance(encoder, GraphEncoder):
+            return encoder(batch[f"{which}_atoms"], batch[f"{which}_bonds"])
+        if isinstance(encoder, TransformerEncoder):
+            return encoder(batch[f"{which}_tokens"], deterministic)
+        return encoder(batch[f"{which}_tokens"])
+
     @nn.compact
     def __call__(self, batch: dict[str, jax.Array], *, deterministic: bool = True) -> jax.Array:
         """batch: drug_tokens [Ud, Ld] (or, for ``gin``, drug_atoms [Ud, A, features] and
         drug_bonds [Ud, E, 3]), protein_tokens [Up, Lp], drug_index, protein_index [B]
         -> predicted affinity [B] float32; with ``members`` > 1, each member's: [members, B]."""
-        if self.config.members == 1:
-            out = _network(self, batch, deterministic)
-        else:
+        dta, policy = self.config, self.policy
+        if dta.members > 1:  # each member a one-network DTA; the standardization is shared
+            one = dataclasses.replace(dta, members=1)
             out = jnp.stack(
                 [
-                    _Network(
-                        self.config,
-                        self.policy,
+                    DTA(
+                        one,
+                        policy,
                         self.remat,
                         self.drug_vocab,
                         self.protein_vocab,
-                        self.atom_vocab,
-                        self.bond_types,
-                        deterministic,
+                        atom_vocab=self.atom_vocab,
+                        bond_types=self.bond_types,
                         name=f"member{i}",
-                    )(batch)
-                    for i in range(self.config.members)
+                    )(batch, deterministic=deterministic)
+                    for i in range(dta.members)
                 ]
             )
+            return self._standardized(out)
+        drugs = self._encoder(dta.drug_encoder, self.drug_vocab, dta.drug_kernel, 1, "drug")
+        proteins = self._encoder(
+            dta.protein_encoder, self.protein_vocab, dta.protein_kernel, dta.protein_pool, "protein"
+        )
+        drug_vectors = self._encode(drugs, batch, "drug", deterministic)
+        protein_vectors = self._encode(proteins, batch, "protein", deterministic)
+        x = jnp.concatenate(
+            [
+                jnp.take(drug_vectors, batch["drug_index"], axis=0),
+                jnp.take(protein_vectors, batch["protein_index"], axis=0),
+            ],
+            axis=-1,
+        ).astype(policy.compute_dtype)
+        x = layers.constrain(x, ("batch", "embed"))
+        axis = "embed"  # logical name of x's feature dim; the head alternates embed <-> mlp
+        for i, width in enumerate(dta.head_sizes):
+            out_axis = "mlp" if axis == "embed" else "embed"
+            x = layers.dense(
+                width,
+                axes=(axis, out_axis),
+                policy=policy,
+                std=math.sqrt(2.0 / x.shape[-1]),  # He init for ReLU
+                use_bias=True,
+                name=f"head{i}",
+            )(x)
+            axis = out_axis
+            x = nn.relu(x)
+            if i < len(dta.head_sizes) - 1:  # DeepDTA: dropout after all but the last layer
+                x = nn.Dropout(self.config.dropout, deterministic=deterministic)(x)
+        out = layers.dense(
+            1,
+            axes=(axis, None),
+            policy=policy,
+            std=math.sqrt(1.0 / x.shape[-1]),
+            use_bias=True,
+            name="out",
+        )(x)
+        return self._standardized(out[:, 0].astype(jnp.float32))
+
+    def _standardized(self, out: jax.Array) -> jax.Array:
+        """The head's output in the data's units (``target_stats``), or as is."""
         if self.target_stats is None:
             return out
         mean0, std0 = self.target_stats
