@@ -1,5 +1,6 @@
 """The CLI contract: bad config -> exit code 2 and one line naming the key; a run writes its dir."""
 
+import importlib
 import json
 import os
 import re
@@ -10,6 +11,8 @@ from itertools import pairwise
 import pytest
 import yaml
 from conftest import REPO, TINY
+
+import hopperjax
 
 CLI = [sys.executable, "-m", "hopperjax.train"]
 
@@ -29,39 +32,76 @@ def run_cli(
     )
 
 
+def main_in_process(argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
+    """The CLI's ``main`` run here (a subprocess costs ~3 s of imports per case) for configs it
+    refuses while loading them: before it sets anything process-wide (XLA flags, JAX config),
+    which ``overlap.apply`` failing the test proves. -> (exit code, stderr)."""
+
+    def too_far(mode):
+        raise AssertionError(f"the CLI went past loading the config (comm.overlap={mode})")
+
+    # Importing the CLI's module rebinds the package's name ``hopperjax.train`` (the library's
+    # function) to it; the monkeypatch puts the function back after the test.
+    monkeypatch.setattr(hopperjax, "train", hopperjax.train)
+    cli = importlib.import_module("hopperjax.train")
+    monkeypatch.setattr(cli.overlap, "apply", too_far)
+    code = cli.main(argv)
+    return code, capsys.readouterr().err
+
+
+def assert_one_config_line(code: int, stderr: str, fragment: str) -> str:
+    assert code == 2, stderr
+    # One line of ours and no traceback; a dependency's warning lines may come and go.
+    lines = [line for line in stderr.splitlines() if line.startswith("hopperjax:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert lines[0].startswith("hopperjax: config error:")
+    assert fragment in lines[0]
+    return lines[0]
+
+
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [
         (["trian.steps=5"], "train.steps"),  # unknown key, nearest name suggested
         (["train.steps=ten"], "train.steps"),  # wrong type
         (["train.steps=-1"], "train.steps"),  # bad value
-        (["mesh.data=8", "train.batch_size=12"], "train.batch_size"),  # not divisible by data axis
         (["data.source=text", "data.path=/no/such/file.txt"], "data.path"),  # missing data file
         (["workload=lmm"], "unknown workload 'lmm'; did you mean 'lm'?"),  # unknown workload
-        # a mesh axis that does not divide what it shards (4 heads over 8 tensor shards)
-        (["mesh.data=1", "mesh.tensor=8", "model.n_heads=4"], "mesh.tensor"),
-        # a state far larger than the device: refused from the compiled step, before allocating
-        (["model.max_len=100000000000", "model.positions=learned"], "GiB per device"),
     ],
     ids=[
         "unknown-key",
         "bad-type",
         "negative-steps",
-        "batch-vs-mesh",
         "missing-file",
         "unknown-workload",
-        "mesh-indivisible",
-        "model-too-large",
     ],
 )
-def test_bad_config_exits_2_with_one_line(overrides, key, tmp_path):
+def test_bad_config_exits_2_with_one_line(overrides, key, tmp_path, capsys, monkeypatch):
+    argv = [
+        "--config",
+        str(REPO / "configs" / "quickstart.yaml"),
+        *overrides,
+        f"run_dir={tmp_path}",
+    ]
+    assert_one_config_line(*main_in_process(argv, capsys, monkeypatch), key)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["mesh.data=8", "train.batch_size=12"], "train.batch_size"),  # not divisible by data axis
+        # a mesh axis that does not divide what it shards (4 heads over 8 tensor shards)
+        (["mesh.data=1", "mesh.tensor=8", "model.n_heads=4"], "mesh.tensor"),
+        # a state far larger than the device: refused from the compiled step, before allocating
+        (["model.max_len=100000000000", "model.positions=learned"], "GiB per device"),
+    ],
+    ids=["batch-vs-mesh", "mesh-indivisible", "model-too-large"],
+)
+def test_a_config_refused_once_built_exits_2_with_one_line(overrides, key, tmp_path):
+    """Refused once the devices, the model and its sharded step are known: the real CLI, in its
+    own process, from ``python -m`` to the exit code."""
     proc = run_cli(*overrides, f"run_dir={tmp_path}")
-    assert proc.returncode == 2, proc.stderr
-    # One line of ours and no traceback; a dependency's warning lines may come and go.
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("hopperjax:")]
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert lines[0].startswith("hopperjax: config error:")
-    assert key in lines[0]
+    assert_one_config_line(proc.returncode, proc.stderr, key)
 
 
 # A YAML alias bomb: 9 levels of lists of 9 aliases each (9**9 leaves) as the workload's name.
@@ -77,16 +117,16 @@ ALIAS_BOMB = (
     [("name: caf\xe9\n".encode("latin-1"), "not UTF-8"), (ALIAS_BOMB.encode(), "workload:")],
     ids=["latin-1-file", "alias-bomb"],
 )
-def test_bad_config_file_exits_2_with_one_short_line(content, fragment, tmp_path):
+def test_bad_config_file_exits_2_with_one_short_line(
+    content, fragment, tmp_path, capsys, monkeypatch
+):
     path = tmp_path / "bad.yaml"
     path.write_bytes(content)
-    proc = run_cli(f"run_dir={tmp_path}", config=path, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("hopperjax:")]
-    assert len(lines) == 1 and len(lines[0]) < 300, proc.stderr
-    assert len(proc.stderr) < 2000, proc.stderr  # nothing else of size either
-    assert lines[0].startswith("hopperjax: config error:")
-    assert fragment in lines[0]
+    code, stderr = main_in_process(
+        ["--config", str(path), f"run_dir={tmp_path}"], capsys, monkeypatch
+    )
+    line = assert_one_config_line(code, stderr, fragment)
+    assert len(line) < 300 and len(stderr) < 2000, stderr  # nothing else of size either
 
 
 def test_cli_trains_and_writes_the_run_dir(tmp_path):
