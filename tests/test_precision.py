@@ -202,12 +202,12 @@ def test_te_backend_trains(tiny_config):
 
 
 def test_policies_reach_the_fp32_eval_loss(tmp_path):
-    """50 steps of the quickstart at half width and depth, 16 windows of 32 bytes per batch, on
+    """40 steps of the quickstart at half width and depth, 8 windows of 32 bytes per batch, on
     one device (fp32's 8-device parity is tests/test_train.py's; here the policies' numerics,
     and one device's step is cheaper at the tests' LLVM level 0); the full-size comparison, with
     step times, is experiments/precision_compare.py (the README quotes it). The eval loss falls
-    from ln 256 = 5.5 to about 3.2 in every policy (3.241 in fp32, 3.234-3.241 in the others, when
-    this was written)."""
+    from ln 256 = 5.5 to about 4.0 in every policy (3.982 in fp32, 3.979-3.982 in the others, when
+    this was written; 50 steps of 16 windows, 3.24, took 1.5x as long)."""
 
     def eval_loss(precision: str) -> float:
         config = hopperjax.load_config(
@@ -219,10 +219,10 @@ def test_policies_reach_the_fp32_eval_loss(tmp_path):
                 "model.n_heads=2",
                 "model.max_len=32",
                 "data.seq_len=32",
-                "train.batch_size=16",
-                "train.steps=50",
-                "train.eval_every=50",
-                "train.log_every=50",
+                "train.batch_size=8",
+                "train.steps=40",
+                "train.eval_every=40",
+                "train.log_every=40",
                 f"run_dir={tmp_path / precision}",
             ],
         )
@@ -230,6 +230,6 @@ def test_policies_reach_the_fp32_eval_loss(tmp_path):
         return [r["eval_loss"] for r in result.history if "eval_loss" in r][-1]
 
     reference = eval_loss("fp32")
-    assert reference < 3.5  # it learned: the comparison is between trained models
+    assert reference < 4.25  # it learned: the comparison is between trained models
     for precision in ("bf16", "fp16", "fp8"):
         assert eval_loss(precision) == pytest.approx(reference, rel=0.02), precision
