@@ -843,5 +843,7 @@ def test_an_ensemble_run_evaluates_its_mean_and_inspect_counts_each_member(tmp_p
     for key in ("flops_per_step", "model_flops_per_step"):
         assert two[key] == pytest.approx(2 * one[key], rel=1e-6), key
     assert two["flops_per_step"] == pytest.approx(two["model_flops_per_step"], rel=0.05)
-    layers = {g["layer"].split("/")[0] for g in two["gemms"] if g["layer"]}
-    assert layers == {"member0", "member1"}, layers
+    paths = [g["layer"].split("/") for g in two["gemms"] if g["layer"]]
+    assert {p[0] for p in paths} == {"member0", "member1"}, paths
+    # Each member's layers by their parameters' names (no helper method's scope in between).
+    assert {p[1] for p in paths} <= {"drug", "protein", "head0", "head1", "out"}, paths

@@ -304,6 +304,7 @@ class DTA(nn.Module):
     atom_vocab: tuple[int, ...] = ()
     bond_types: int = 0
 
+    @nn.nowrap  # a helper of __call__: no profiling scope of its own in op names
     def _encoder(self, kind: str, vocab: int, kernel: int, pool: int, name: str) -> nn.Module:
         if kind == "gin":
             return GraphEncoder(
@@ -313,6 +314,7 @@ class DTA(nn.Module):
             return ConvEncoder(vocab, self.config, kernel, pool, self.policy, name=name)
         return TransformerEncoder(vocab, self.config, self.policy, self.remat, name=name)
 
+    @nn.nowrap
     def _encode(
         self, encoder: nn.Module, batch: dict[str, jax.Array], which: str, deterministic: bool
     ) -> jax.Array:
@@ -385,6 +387,7 @@ class DTA(nn.Module):
         )(x)
         return self._standardized(out[:, 0].astype(jnp.float32))
 
+    @nn.nowrap
     def _standardized(self, out: jax.Array) -> jax.Array:
         """The head's output in the data's units (``target_stats``), or as is."""
         if self.target_stats is None:
