@@ -207,7 +207,7 @@ def test_policies_reach_the_fp32_eval_loss(tmp_path):
     and one device's step is cheaper at the tests' LLVM level 0); the full-size comparison, with
     step times, is experiments/precision_compare.py (the README quotes it). The eval loss falls
     from ln 256 = 5.5 to about 4.0 in every policy (3.982 in fp32, 3.979-3.982 in the others, when
-    this was written; 50 steps of 16 windows, 3.24, took 1.5x as long)."""
+    this was written; 50 steps of 16 windows, 3.24, took 1.4x as long)."""
 
     def eval_loss(precision: str) -> float:
         config = hopperjax.load_config(
@@ -232,4 +232,4 @@ def test_policies_reach_the_fp32_eval_loss(tmp_path):
     reference = eval_loss("fp32")
     assert reference < 4.25  # it learned: the comparison is between trained models
     for precision in ("bf16", "fp16", "fp8"):
-        assert eval_loss(precision) == pytest.approx(reference, rel=0.02), precision
+        assert eval_loss(precision) == pytest.approx(reference, rel=0.01), precision
