@@ -13,8 +13,10 @@ never takes part in the choice. ``--folds all`` is GraphDTA's split instead: one
 seed trained on all five training folds (``data.valid_fold: null``), so nothing is left to
 select on: the last step is scored (``--select last``), and the run's evaluations, on the test
 fold, are reported, never used. Folds (and seeds) already in
-``OUT/results.json`` are kept, so an interrupted benchmark goes on where it stopped (a fold that did
-not finish starts again from scratch: its wall time must be one uninterrupted run). Writes
+``OUT/results.json`` are kept, so an interrupted benchmark goes on where it stopped: a fold that
+did not finish resumes from its newest checkpoint (the trainer's exact resume; its evaluations,
+selection and step times come from every process's records, and its table row says where it
+resumed: its train and wall seconds are the last process's). Writes
 ``table.md`` (mean +- std of test MSE, CI, rm2, Pearson over the runs, next to the published
 numbers of the dataset it ran on, recognized by its shape: Davis or KIBA; none for another; and
 per run its wall time and step time), ``results.json`` and ``scatter.png`` (predicted vs
@@ -42,6 +44,7 @@ import hopperjax
 from hopperjax import scoring
 from hopperjax.checkpoint import Checkpointer
 from hopperjax.data import DevicePrefetcher
+from hopperjax.observe import read_metrics
 from hopperjax.trainer import build_components
 
 # Published test-set figures of DeepDTA's setting 1, per dataset, recognized by its shape (drugs,
@@ -136,6 +139,14 @@ def run_label(fold: int | str, seed: int | None = None) -> str:
     return f"all folds, seed {seed}" if fold == ALL else f"fold {fold}"
 
 
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """The steps of a run directory's committed checkpoints, in order."""
+    directory = Path(run_dir) / "checkpoints"
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
 def run_fold(
     config_path: str,
     overrides: list[str],
@@ -163,6 +174,7 @@ def run_fold(
     )
     if everything:
         select = "last"
+    resumed_from = (checkpoint_steps(out / run_name(fold, seed)) or [0])[-1]
     start = time.perf_counter()
     result = hopperjax.train(config, console="bar")
     train_s = time.perf_counter() - start
@@ -171,8 +183,11 @@ def run_fold(
         raise FoldStopped(
             f"{run_label(fold, seed)}: stopped at step {int(result.state.step)} of {end}"
         )
-    step_times = [r["step_time_s"] for r in result.history if "step_time_s" in r]
-    evals = [r for r in result.history if "eval_mse" in r]
+    # Every process's records: a resumed run's file holds each step once (the trainer drops the
+    # records past the checkpoint it resumes from), its history only this process's.
+    history = read_metrics(result.run_dir / "metrics.jsonl")
+    step_times = [r["step_time_s"] for r in history if "step_time_s" in r]
+    evals = [r for r in history if "eval_mse" in r]
     best = chosen_eval(evals, select)
 
     test_parts = build_components(config.replace(**{"data.eval_split": "test"}))
@@ -192,6 +207,7 @@ def run_fold(
         "train_s": train_s,
         "step_s": float(np.median(step_times)),
         "wall_s": time.perf_counter() - start,
+        "resumed_from": resumed_from,
         ("test_curve" if everything else "valid_curve"): [
             (r["step"], r["eval_mse"]) for r in evals
         ],
@@ -236,6 +252,8 @@ def write_table(
         wall = f"{r['wall_s']:.0f}" if "wall_s" in r else "–"
         step = f"{r['step_s']:.3f}" if "step_s" in r else "–"
         name = run_label(r["fold"], r.get("seed")).removeprefix("fold ")
+        if r.get("resumed_from"):  # its seconds are the last process's only
+            name += f" (resumed at step {r['resumed_from']})"
         valid = "–" if r["valid"] is None else f"{r['valid']['mse']:.3f}"
         lines.append(
             f"| {name} | {r['best_step']} | {valid} | "
@@ -356,8 +374,10 @@ def benchmark(args: argparse.Namespace, keys: list[tuple], select: str) -> int:
                 return 2
             print(f"{label}: kept from {results}", flush=True)
             continue
-        if (out / name).exists():
-            print(f"{label}: discarding an unfinished run", flush=True)
+        if steps := checkpoint_steps(out / name):
+            print(f"{label}: resuming an unfinished run from step {steps[-1]}", flush=True)
+        elif (out / name).exists():
+            print(f"{label}: discarding an unfinished run (no checkpoint)", flush=True)
             shutil.rmtree(out / name)
         try:
             r = done[key] = {
@@ -365,8 +385,8 @@ def benchmark(args: argparse.Namespace, keys: list[tuple], select: str) -> int:
                 **run_fold(args.config, overrides, fold, out, select, seed),
             }
         except FoldStopped as e:
-            print(f"{e}; the same command goes on (the finished runs are kept, this one starts "
-                  "again: its wall time must be one run)", flush=True)  # fmt: skip
+            print(f"{e}; the same command goes on (the finished runs are kept, this one "
+                  "resumes from its checkpoint)", flush=True)  # fmt: skip
             return 0  # as the train command after a signal: stopped cleanly
         valid = "" if r["valid"] is None else f"valid MSE {r['valid']['mse']:.4f}, "
         print(f"{label}: step scored {r['best_step']}, {valid}"

@@ -350,7 +350,8 @@ def test_benchmark_all_folds_run_trains_on_every_fold_and_scores_its_last_step_o
 ):
     """experiments/dta_benchmark.py's GraphDTA protocol end to end on a tiny DeepDTA directory:
     the run trains on all five training folds, evaluates on (only) the test fold, and the scored
-    step is the last one, its predictions the test fold's affinities."""
+    step is the last one, its predictions the test fold's affinities. Stopped part way (as by a
+    signal), the run resumes from its checkpoint, and its curve covers both processes."""
     monkeypatch.syspath_prepend(str(REPO / "experiments"))  # the script's own imports
     spec = importlib.util.spec_from_file_location(
         "dta_benchmark", REPO / "experiments" / "dta_benchmark.py"
@@ -367,15 +368,23 @@ def test_benchmark_all_folds_run_trains_on_every_fold_and_scores_its_last_step_o
         "train.steps=4",
         "train.eval_every=2",
     ]
+    recipe = str(REPO / "configs" / "dta_davis.yaml")
+    train = hopperjax.train
+    monkeypatch.setattr(
+        benchmark.hopperjax, "train",
+        lambda config, console: train(config.replace(**{"train.stop_after": 2}), console=False),
+    )  # fmt: skip
+    with pytest.raises(benchmark.FoldStopped, match="all folds, seed 3: stopped at step 2 of 4"):
+        benchmark.run_fold(recipe, overrides, benchmark.ALL, tmp_path, seed=3)
+    monkeypatch.setattr(benchmark.hopperjax, "train", train)
     chosen = []
     choose = benchmark.chosen_eval
     monkeypatch.setattr(benchmark, "chosen_eval", lambda e, s: chosen.append(s) or choose(e, s))
-    r = benchmark.run_fold(
-        str(REPO / "configs" / "dta_davis.yaml"), overrides, benchmark.ALL, tmp_path, seed=3
-    )
+    r = benchmark.run_fold(recipe, overrides, benchmark.ALL, tmp_path, seed=3)
     assert chosen == ["last"]  # whatever select was passed: there is nothing else to select on
     assert (r["fold"], r["seed"], r["best_step"], r["valid"]) == ("all", 3, 4, None)
-    assert [s for s, _ in r["test_curve"]] == [2, 4]
+    assert r["resumed_from"] == 2
+    assert [s for s, _ in r["test_curve"]] == [2, 4]  # step 2's eval from the first process
     pkd = PKD[~np.isnan(PKD)]
     np.testing.assert_allclose(np.sort(r["measured"]), np.sort(pkd[TEST_FOLD]), rtol=1e-5)
     # The last eval record is the scored checkpoint's test MSE (the same pairs, the same state).

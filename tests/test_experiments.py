@@ -36,41 +36,48 @@ def fake_run(fold: int, mse: float) -> dict:
     }
 
 
-def test_dta_benchmark_keeps_finished_folds_and_restarts_unfinished(tmp_path, monkeypatch, capsys):
+def test_dta_benchmark_keeps_finished_folds_and_resumes_unfinished(tmp_path, monkeypatch, capsys):
+    """A fold in results.json is kept; a fold directory with a checkpoint is resumed (run_fold
+    finds it in place), one without is discarded."""
     benchmark = load_script("dta_benchmark")
     (tmp_path / "results.json").write_text(json.dumps([fake_run(0, 0.25)]))
-    (tmp_path / "fold1" / "checkpoints").mkdir(parents=True)  # an interrupted run
+    (tmp_path / "fold1" / "checkpoints").mkdir(parents=True)  # interrupted before a checkpoint
     (tmp_path / "fold1" / "checkpoints" / "stale").write_text("x")
+    (tmp_path / "fold2" / "checkpoints" / "800").mkdir(parents=True)  # interrupted after one
     trained = []
 
     def run_fold(config_path, overrides, fold, out, select, seed=None):
-        assert not (out / f"fold{fold}").exists(), "an unfinished fold must start from scratch"
+        resumed = (out / f"fold{fold}" / "checkpoints" / "800").is_dir()
+        assert resumed == (fold == 2), "only a fold with a checkpoint is resumed"
+        assert fold == 2 or not (out / f"fold{fold}").exists()
         trained.append(fold)
-        return fake_run(fold, 0.27)
+        return {**fake_run(fold, 0.27), "resumed_from": 800 if resumed else 0}
 
     monkeypatch.setattr(benchmark, "run_fold", run_fold)
     monkeypatch.setattr(benchmark, "dataset_shape", lambda config, overrides: (68, 442, 30_056))
-    assert benchmark.main(["--data", "unused", "--folds", "0,1", "--out", str(tmp_path)]) == 0
+    assert benchmark.main(["--data", "unused", "--folds", "0,1,2", "--out", str(tmp_path)]) == 0
 
-    assert trained == [1]
+    assert trained == [1, 2]
     runs = json.loads((tmp_path / "results.json").read_text())
-    assert [r["fold"] for r in runs] == [0, 1]
+    assert [r["fold"] for r in runs] == [0, 1, 2]
     assert not (tmp_path / "results.json.tmp").exists()
     table = (tmp_path / "table.md").read_text()
-    assert "hopperjax (2 runs) | 0.260 ± 0.010" in table
+    assert "hopperjax (3 runs) | 0.263 ± 0.009" in table
     assert "dataset: Davis (68 drugs, 442 proteins, 30,056 pairs)" in table
     assert "| 1 | 100 | 0.270 | 0.270 | 0.880 | 0.630 | 1 | 3 | 0.500 |" in table
+    assert "| 2 (resumed at step 800) | 100 | 0.270 |" in table
     out = capsys.readouterr().out
-    assert "fold 0: kept" in out and "fold 1: discarding an unfinished run" in out
+    assert "fold 0: kept" in out and "fold 1: discarding an unfinished run (no checkpoint)" in out
+    assert "fold 2: resuming an unfinished run from step 800" in out
 
     # A fold stopped by a signal (SIGTERM, Ctrl-C): one line, the finished folds kept.
     def stopped(config_path, overrides, fold, out, select, seed=None):
         raise benchmark.FoldStopped(f"fold {fold}: stopped at step 1 of 8000")
 
     monkeypatch.setattr(benchmark, "run_fold", stopped)
-    assert benchmark.main(["--data", "unused", "--folds", "0,1,2", "--out", str(tmp_path)]) == 0
-    assert "fold 2: stopped at step 1 of 8000; the same command goes on" in capsys.readouterr().out
-    assert [r["fold"] for r in json.loads((tmp_path / "results.json").read_text())] == [0, 1]
+    assert benchmark.main(["--data", "unused", "--folds", "0,3", "--out", str(tmp_path)]) == 0
+    assert "fold 3: stopped at step 1 of 8000; the same command goes on" in capsys.readouterr().out
+    assert [r["fold"] for r in json.loads((tmp_path / "results.json").read_text())] == [0, 1, 2]
 
     # Fold 1 recorded its recipe (fold 0 predates the record and is kept as it is): another
     # recipe in the same --out is one line naming both, not a table mixing the two.
