@@ -14,13 +14,14 @@ seed trained on all five training folds (``data.valid_fold: null``), so nothing 
 select on: the last step is scored (``--select last``), and the run's evaluations, on the test
 fold, are reported, never used. Folds (and seeds) already in
 ``OUT/results.json`` are kept, so an interrupted benchmark goes on where it stopped: a fold that
-did not finish resumes from its newest checkpoint (the trainer's exact resume; its evaluations,
-selection and step times come from every process's records, and its table row says where it
-resumed: its train and wall seconds are the last process's). Writes
+did not finish resumes from its newest checkpoint (the trainer's exact resume; the same recipe
+only, else one line naming the key), its evaluations, selection and step times from every
+process's records; its table row says where it resumed, its train and wall seconds are the last
+process's, and a line below the table gives its steps' time over all processes. Writes
 ``table.md`` (mean +- std of test MSE, CI, rm2, Pearson over the runs, next to the published
 numbers of the dataset it ran on, recognized by its shape: Davis or KIBA; none for another; and
-per run its wall time and step time), ``results.json`` and ``scatter.png`` (predicted vs
-measured pKd of the test fold, the first run).
+per run its train and wall time and median step time), ``results.json`` and ``scatter.png``
+(predicted vs measured pKd of the test fold, the first run).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -42,10 +44,12 @@ import plotting
 
 import hopperjax
 from hopperjax import scoring
-from hopperjax.checkpoint import Checkpointer
+from hopperjax.checkpoint import Checkpointer, CheckpointError
+from hopperjax.config import dump_yaml
 from hopperjax.data import DevicePrefetcher
 from hopperjax.observe import read_metrics
 from hopperjax.trainer import build_components
+from hopperjax.trainer.resume import flatten
 
 # Published test-set figures of DeepDTA's setting 1, per dataset, recognized by its shape (drugs,
 # proteins, measured pairs). Davis: DeepDTA (Öztürk et al. 2018), KronRLS and SimBoost as DeepDTA
@@ -147,6 +151,25 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
+def same_recipe(run_dir: Path, config: hopperjax.Config) -> None:
+    """Raises ConfigError naming the first key where the unfinished ``run_dir`` (its
+    ``config.yaml``) and ``config`` differ: resuming it would train one run on two recipes.
+    Not the recipe: ``train.keep_checkpoints``, the benchmark's bookkeeping (which once had
+    another value), and ``train.stop_after``, where one process stops."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return
+    before = flatten(yaml.safe_load(saved.read_text()) or {})
+    now = flatten(yaml.safe_load(dump_yaml(config)))
+    for key in sorted((set(before) | set(now)) - {"train.keep_checkpoints", "train.stop_after"}):
+        if before.get(key) != now.get(key):
+            raise hopperjax.ConfigError(
+                key,
+                f"the unfinished {run_dir} ran with {before.get(key)!r}, this command gives "
+                f"{now.get(key)!r}; resuming would mix two recipes: give this recipe another --out",
+            )
+
+
 def run_fold(
     config_path: str,
     overrides: list[str],
@@ -162,19 +185,18 @@ def run_fold(
     held = ["data.valid_fold=null", "data.eval_split=test", f"seed={seed}"] if everything else [
         f"data.valid_fold={fold}", "data.eval_split=valid"
     ]  # fmt: skip
-    base = hopperjax.load_config(
-        config_path, [*overrides, *held, f"run_dir={out / run_name(fold, seed)}"]
-    )
+    run_dir = out / run_name(fold, seed)
+    base = hopperjax.load_config(config_path, [*overrides, *held, f"run_dir={run_dir}"])
     t = base.train
+    # A checkpoint at every evaluation, none ever deleted (a stop adds one of its own), so that
+    # whichever step is chosen is there to score.
     config = base.replace(
-        **{
-            "train.checkpoint_every": t.eval_every,
-            "train.keep_checkpoints": t.steps // t.eval_every + 2,
-        }
+        **{"train.checkpoint_every": t.eval_every, "train.keep_checkpoints": t.steps}
     )
     if everything:
         select = "last"
-    resumed_from = (checkpoint_steps(out / run_name(fold, seed)) or [0])[-1]
+    if checkpoint_steps(run_dir):
+        same_recipe(run_dir, config)
     start = time.perf_counter()
     result = hopperjax.train(config, console="bar")
     train_s = time.perf_counter() - start
@@ -186,7 +208,9 @@ def run_fold(
     # Every process's records: a resumed run's file holds each step once (the trainer drops the
     # records past the checkpoint it resumes from), its history only this process's.
     history = read_metrics(result.run_dir / "metrics.jsonl")
-    step_times = [r["step_time_s"] for r in history if "step_time_s" in r]
+    logged = [r for r in history if "step_time_s" in r]
+    step_times = [r["step_time_s"] for r in logged]
+    resumed_from = result.start_step  # 0, or the checkpoint this process resumed
     evals = [r for r in history if "eval_mse" in r]
     best = chosen_eval(evals, select)
 
@@ -208,6 +232,14 @@ def run_fold(
         "step_s": float(np.median(step_times)),
         "wall_s": time.perf_counter() - start,
         "resumed_from": resumed_from,
+        # Every process's training steps (log windows' mean step time x their steps): the
+        # training time of a resumed run, without compiles, evaluations and restarts.
+        "steps_s": float(
+            sum(
+                r["step_time_s"] * (r["step"] - p)
+                for r, p in zip(logged, [-1] + [r["step"] for r in logged[:-1]], strict=True)
+            )
+        ),
         ("test_curve" if everything else "valid_curve"): [
             (r["step"], r["eval_mse"]) for r in evals
         ],
@@ -220,7 +252,8 @@ def write_table(
     runs: list[dict], header: str, path: Path, dataset: tuple[str | None, dict] = (None, {})
 ) -> str:
     """Mean +- std over the runs, the published figures of ``dataset`` (name, results) if any,
-    and a row per run with its wall time (training, selection and test scoring) and step time."""
+    and a row per run with its wall time (training, selection and test scoring) and step time;
+    a resumed run's row says so, and a line below gives its steps' time over all processes."""
 
     def stat(key: str) -> str:
         values = np.array([r["test"][key] for r in runs])
@@ -252,7 +285,7 @@ def write_table(
         wall = f"{r['wall_s']:.0f}" if "wall_s" in r else "–"
         step = f"{r['step_s']:.3f}" if "step_s" in r else "–"
         name = run_label(r["fold"], r.get("seed")).removeprefix("fold ")
-        if r.get("resumed_from"):  # its seconds are the last process's only
+        if r.get("resumed_from"):  # its seconds are the last process's only (footnote)
             name += f" (resumed at step {r['resumed_from']})"
         valid = "–" if r["valid"] is None else f"{r['valid']['mse']:.3f}"
         lines.append(
@@ -260,6 +293,16 @@ def write_table(
             f"{r['test']['mse']:.3f} | {r['test']['ci']:.3f} | {r['test']['rm2']:.3f} | "
             f"{r['train_s']:.0f} | {wall} | {step} |"
         )
+    resumed = [r for r in runs if r.get("resumed_from")]
+    if resumed:
+        each = ", ".join(
+            f"{run_label(r['fold'], r.get('seed'))} {r['steps_s']:.0f} s" for r in resumed
+        )
+        lines += [
+            "",
+            "A resumed run's train s and wall s are its last process's; the training steps of "
+            f"all its processes took (log windows' step times x steps): {each}.",
+        ]
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
@@ -336,8 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     select = args.select or ("last" if args.folds == ALL else "valid_mse")
     try:
         return benchmark(args, keys, select)
-    except hopperjax.ConfigError as e:  # a data path, fold or key the config refuses
-        print(e, file=sys.stderr)
+    except (hopperjax.ConfigError, CheckpointError) as e:  # a data path, fold or key the config
+        print(e, file=sys.stderr)  # refuses, or an unfinished run's checkpoints that cannot resume
         return 2
 
 

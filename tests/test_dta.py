@@ -378,15 +378,31 @@ def test_benchmark_all_folds_run_trains_on_every_fold_and_scores_its_last_step_o
     )  # fmt: skip
     with pytest.raises(benchmark.FoldStopped, match="all folds, seed 3: stopped at step 2 of 4"):
         benchmark.run_fold(recipe, overrides, benchmark.ALL, tmp_path, seed=3)
-    monkeypatch.setattr(benchmark.hopperjax, "train", train)
+    # Another recipe on the unfinished run is refused, naming the key, before training.
+    with pytest.raises(hopperjax.ConfigError, match="resuming would mix two recipes") as e:
+        benchmark.run_fold(
+            recipe, [*overrides, "optim.base_lr=0.01"], benchmark.ALL, tmp_path, seed=3
+        )
+    assert e.value.key == "optim.base_lr"
+    histories = []
+
+    def recording(config, console):
+        result = train(config, console=False)
+        histories.append(result.history)
+        return result
+
+    monkeypatch.setattr(benchmark.hopperjax, "train", recording)
     chosen = []
     choose = benchmark.chosen_eval
     monkeypatch.setattr(benchmark, "chosen_eval", lambda e, s: chosen.append(s) or choose(e, s))
     r = benchmark.run_fold(recipe, overrides, benchmark.ALL, tmp_path, seed=3)
     assert chosen == ["last"]  # whatever select was passed: there is nothing else to select on
     assert (r["fold"], r["seed"], r["best_step"], r["valid"]) == ("all", 3, 4, None)
-    assert r["resumed_from"] == 2
-    assert [s for s, _ in r["test_curve"]] == [2, 4]  # step 2's eval from the first process
+    # Resumed, not restarted: this process logged only step 3's train record (log windows of
+    # 2 steps), and the curve still has step 2's eval, which the first process ran.
+    assert [x["step"] for x in histories[0] if "loss" in x] == [3]
+    assert r["resumed_from"] == 2 and r["steps_s"] > 0
+    assert [s for s, _ in r["test_curve"]] == [2, 4]
     pkd = PKD[~np.isnan(PKD)]
     np.testing.assert_allclose(np.sort(r["measured"]), np.sort(pkd[TEST_FOLD]), rtol=1e-5)
     # The last eval record is the scored checkpoint's test MSE (the same pairs, the same state).

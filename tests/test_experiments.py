@@ -51,7 +51,7 @@ def test_dta_benchmark_keeps_finished_folds_and_resumes_unfinished(tmp_path, mon
         assert resumed == (fold == 2), "only a fold with a checkpoint is resumed"
         assert fold == 2 or not (out / f"fold{fold}").exists()
         trained.append(fold)
-        return {**fake_run(fold, 0.27), "resumed_from": 800 if resumed else 0}
+        return {**fake_run(fold, 0.27), "resumed_from": 800 if resumed else 0, "steps_s": 40.0}
 
     monkeypatch.setattr(benchmark, "run_fold", run_fold)
     monkeypatch.setattr(benchmark, "dataset_shape", lambda config, overrides: (68, 442, 30_056))
@@ -66,6 +66,9 @@ def test_dta_benchmark_keeps_finished_folds_and_resumes_unfinished(tmp_path, mon
     assert "dataset: Davis (68 drugs, 442 proteins, 30,056 pairs)" in table
     assert "| 1 | 100 | 0.270 | 0.270 | 0.880 | 0.630 | 1 | 3 | 0.500 |" in table
     assert "| 2 (resumed at step 800) | 100 | 0.270 |" in table
+    assert table.rstrip().endswith(
+        "all its processes took (log windows' step times x steps): fold 2 40 s."
+    )
     out = capsys.readouterr().out
     assert "fold 0: kept" in out and "fold 1: discarding an unfinished run (no checkpoint)" in out
     assert "fold 2: resuming an unfinished run from step 800" in out

@@ -67,6 +67,7 @@ def test_resume_is_exact(tiny_config, tmp_path):
     (partial / "garbage").write_text("half written")
 
     second = hopperjax.train(tiny_config(f"run_dir={resumed_dir}"), console=False)
+    assert (straight.start_step, first.start_step, second.start_step) == (0, 0, 10)
     a, b = train_losses(straight.history), train_losses(second.history)
     assert sorted(b) == list(range(10, 20))
     np.testing.assert_allclose([b[s] for s in b], [a[s] for s in b], rtol=1e-6, atol=0)
@@ -91,7 +92,7 @@ def test_rerun_of_a_finished_run_does_nothing(tiny_config, capsys):
     assert "complete at step 20: nothing to do; raise train.steps" in capsys.readouterr().out
     # The logged history and the final state, and the record of what was run left as it was.
     assert again.history == first.history
-    assert int(again.state.step) == 20
+    assert int(again.state.step) == 20 and again.start_step == 20
     for a, b in zip(jax.tree.leaves(first.state), jax.tree.leaves(again.state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert (first.run_dir / "config.yaml").read_text() == saved

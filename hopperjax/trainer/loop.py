@@ -60,6 +60,8 @@ class TrainResult:
       history: the records this invocation logged (train and eval), as in ``metrics.jsonl``.
       compile_s: seconds spent compiling the train and eval steps.
       data_s: seconds spent building the run's parts: reading (and decoding) the data, mostly.
+      start_step: the step this invocation started from: 0, or the checkpoint it resumed (for
+        a run directory already at its end, that end).
     """
 
     state: TrainState
@@ -67,6 +69,7 @@ class TrainResult:
     history: list[dict[str, Any]]
     compile_s: float = 0.0
     data_s: float = 0.0
+    start_step: int = 0
 
 
 class _PreemptionFlag:
@@ -347,7 +350,12 @@ def _train(
                 ending = f"stopped by {preemption.requested} (checkpointed) | {ending}"
             print(f"hopperjax: {run_dir}: {ending}", flush=True)
     return TrainResult(
-        state=state, run_dir=run_dir, history=history, compile_s=compile_s, data_s=build_s
+        state=state,
+        run_dir=run_dir,
+        history=history,
+        compile_s=compile_s,
+        data_s=build_s,
+        start_step=start,
     )
 
 
@@ -470,7 +478,7 @@ def _finished(
     history = [
         r for r in read_metrics(run_dir / "metrics.jsonl", torn=[]) if int(r["step"]) <= step
     ]
-    return TrainResult(state=state, run_dir=run_dir, history=history)
+    return TrainResult(state=state, run_dir=run_dir, history=history, start_step=step)
 
 
 def _loop(
