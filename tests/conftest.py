@@ -1,6 +1,7 @@
 """Test setup: 8 fake CPU devices, set before JAX is imported anywhere."""
 
 import os
+import random
 import shutil
 import tempfile
 
@@ -56,6 +57,52 @@ def tiny_config(tmp_path):
         )
 
     return make
+
+
+def corpus_bytes(size: int = 20_000) -> bytes:
+    """~20 KB of varied, deterministic English-like text; numbered so that windows are unique.
+    A corpus of the tests' own, where a result hangs on the data: the LM's default corpus is the
+    package's own source, which every commit changes."""
+    rng = random.Random(1234)
+    subjects = [
+        "The mesh",
+        "A shard",
+        "Every token",
+        "The optimizer",
+        "One batch",
+        "The kernel",
+        "A worker",
+        "The schedule",
+        "Each layer",
+        "The prefetcher",
+    ]
+    verbs = ["splits", "carries", "reads", "updates", "rotates", "scales", "gathers", "holds"]
+    objects = [
+        "the logits",
+        "a window of bytes",
+        "its gradient",
+        "the learning rate",
+        "every device",
+        "the embedding",
+        "a checkpoint",
+        "eight heads",
+    ]
+    lines, i = [], 0
+    while sum(len(s) for s in lines) < size:
+        # Numbers between the phrases keep every window of 33 bytes distinct.
+        lines.append(
+            f"{i}. {rng.choice(subjects)} ({rng.randint(0, 999)}) {rng.choice(verbs)} "
+            f"{rng.choice(objects)} at step {rng.randint(0, 99999)}.\n"
+        )
+        i += 1
+    return "".join(lines).encode()[:size]
+
+
+@pytest.fixture
+def corpus_file(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(corpus_bytes())
+    return path
 
 
 # The longest tests (~10-50 s each on 2 CPU cores), dispatched first: with two xdist workers a

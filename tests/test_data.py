@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import pickle
-import random
 import threading
 import time
 
 import jax
 import numpy as np
 import pytest
+from conftest import corpus_bytes
 
 import hopperjax
 from hopperjax import build_datasets
@@ -19,50 +19,6 @@ from hopperjax.parallel import logical_sharding
 
 SEQ_LEN = 32  # tiny_config's data.seq_len
 BATCH = 16  # tiny_config's train.batch_size
-
-
-def _corpus_bytes(size: int = 20_000) -> bytes:
-    """~20 KB of varied, deterministic English-like text; numbered so that windows are unique."""
-    rng = random.Random(1234)
-    subjects = [
-        "The mesh",
-        "A shard",
-        "Every token",
-        "The optimizer",
-        "One batch",
-        "The kernel",
-        "A worker",
-        "The schedule",
-        "Each layer",
-        "The prefetcher",
-    ]
-    verbs = ["splits", "carries", "reads", "updates", "rotates", "scales", "gathers", "holds"]
-    objects = [
-        "the logits",
-        "a window of bytes",
-        "its gradient",
-        "the learning rate",
-        "every device",
-        "the embedding",
-        "a checkpoint",
-        "eight heads",
-    ]
-    lines, i = [], 0
-    while sum(len(s) for s in lines) < size:
-        # Numbers between the phrases keep every window of 33 bytes distinct.
-        lines.append(
-            f"{i}. {rng.choice(subjects)} ({rng.randint(0, 999)}) {rng.choice(verbs)} "
-            f"{rng.choice(objects)} at step {rng.randint(0, 99999)}.\n"
-        )
-        i += 1
-    return "".join(lines).encode()[:size]
-
-
-@pytest.fixture
-def corpus_file(tmp_path):
-    path = tmp_path / "corpus.txt"
-    path.write_bytes(_corpus_bytes())
-    return path
 
 
 @pytest.fixture
@@ -133,7 +89,7 @@ def test_to_lm_example_shifts_by_one():
 
 def test_file_backed_windows_match_array_and_pickle(tmp_path):
     """A file-backed source equals the array-backed one, before and after a pickle round trip."""
-    data = _corpus_bytes(3000)
+    data = corpus_bytes(3000)
     path = tmp_path / "small.txt"
     path.write_bytes(data)
     array = np.frombuffer(data, dtype=np.uint8)
@@ -186,7 +142,7 @@ def test_process_shards_are_disjoint_and_cover_train_windows(text_config, corpus
 def test_processes_get_the_same_number_of_eval_batches(tiny_config, tmp_path):
     """Every process must run the same number of eval steps, or multi-host eval deadlocks."""
     path = tmp_path / "odd.txt"
-    path.write_bytes(_corpus_bytes(9930))  # eval split: 993 bytes = 31 windows of 33
+    path.write_bytes(corpus_bytes(9930))  # eval split: 993 bytes = 31 windows of 33
     config = tiny_config("data.source=text", f"data.path={path}")
     windows = text.ByteWindows(path, int(9930 * 0.9), 9930, SEQ_LEN)
     if len(windows) != 31:
