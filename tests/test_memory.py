@@ -364,8 +364,10 @@ def test_find_batch_cli_result_fits_and_the_next_power_of_two_does_not(tmp_path,
 
 
 def test_batch_probe_is_not_refused_by_a_small_eval_split():
-    """The probe never evaluates: a train batch larger than the eval split (7 windows of 513
-    bytes here) still compiles and measures; it was refused on an H200 at 1B, sequence 2,048."""
+    """The probe never evaluates: a train batch larger than the eval split (1 % of the embedded
+    corpus: 15 windows of 513 bytes when written, fewer than the 64 asked for while the corpus
+    stays under ~3 MB) still compiles and measures; it was refused on an H200 at 1B, sequence
+    2,048."""
     overrides = [o for o in TINY if not o.startswith("train.batch_size")]
     overrides += ["model.max_len=512", "data.seq_len=512", "data.eval_fraction=0.01"]
     config = hopperjax.load_config(REPO / "configs" / "quickstart.yaml", overrides)

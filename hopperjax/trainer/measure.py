@@ -21,8 +21,9 @@ def at_batch(
     config: Config, batch_size: int, *, devices: Sequence[jax.Device] | None = None
 ) -> Config:
     """``config`` at train batch ``batch_size`` for a probe or a timing, which never evaluates:
-    the eval batch is the smallest the mesh takes, so that a small eval split (the embedded
-    corpus holds 9 windows of 2,049 bytes) cannot refuse a large train batch."""
+    the eval batch is the smallest the mesh takes, so that a small eval split (10 % of the
+    embedded corpus, the package's own source, holds a few dozen windows of 2,049 bytes) cannot
+    refuse a large train batch."""
     ways = batch_axis_size(build_mesh(config.mesh, devices))
     return config.replace(**{"train.batch_size": batch_size, "train.eval_batch_size": ways})
 
