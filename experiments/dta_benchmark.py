@@ -41,6 +41,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import plotting
+from run_records import checkpoint_steps, steps_seconds
 
 import hopperjax
 from hopperjax import scoring
@@ -143,14 +144,6 @@ def run_label(fold: int | str, seed: int | None = None) -> str:
     return f"all folds, seed {seed}" if fold == ALL else f"fold {fold}"
 
 
-def checkpoint_steps(run_dir: Path) -> list[int]:
-    """The steps of a run directory's committed checkpoints, in order."""
-    directory = Path(run_dir) / "checkpoints"
-    if not directory.is_dir():
-        return []
-    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
-
-
 def same_recipe(run_dir: Path, config: hopperjax.Config) -> None:
     """Raises ConfigError naming the first key where the unfinished ``run_dir`` (its
     ``config.yaml``) and ``config`` differ: resuming it would train one run on two recipes.
@@ -232,14 +225,7 @@ def run_fold(
         "step_s": float(np.median(step_times)),
         "wall_s": time.perf_counter() - start,
         "resumed_from": resumed_from,
-        # Every process's training steps (log windows' mean step time x their steps): the
-        # training time of a resumed run, without compiles, evaluations and restarts.
-        "steps_s": float(
-            sum(
-                r["step_time_s"] * (r["step"] - p)
-                for r, p in zip(logged, [-1] + [r["step"] for r in logged[:-1]], strict=True)
-            )
-        ),
+        "steps_s": steps_seconds(logged),
         ("test_curve" if everything else "valid_curve"): [
             (r["step"], r["eval_mse"]) for r in evals
         ],

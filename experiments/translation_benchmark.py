@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import plotting
 from dta_benchmark import cpu_name
+from run_records import checkpoint_steps, steps_seconds
 
 import hopperjax
 from hopperjax.data import parallel_text as pt
@@ -70,7 +71,7 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
     if not any(o.startswith("train.keep_checkpoints=") for o in overrides):
         t = config.train  # keep every checkpoint, so that the best-BLEU one is there to score
         config = config.replace(**{"train.keep_checkpoints": t.steps // t.checkpoint_every + 1})
-    resumed_from = (_checkpoint_steps(run_dir) or [0])[-1]
+    resumed_from = (checkpoint_steps(run_dir) or [0])[-1]
     start = time.perf_counter()
     reached = int(hopperjax.train(config, console="bar").state.step)  # the state is let go
     train_s = time.perf_counter() - start
@@ -81,7 +82,7 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
     tokenizer = pt.Tokenizer.load(run_dir / "spm.model")
     test = pt.read_pairs(d.path, args.test_split, d.source_lang, d.target_lang)
     curve = [(r["step"], r["eval_bleu"]) for r in history if "eval_bleu" in r]
-    steps = _checkpoint_steps(run_dir)
+    steps = checkpoint_steps(run_dir)
     best = best_step(curve, steps)
     # Averages what there is when fewer than --average checkpoints precede the chosen one (the
     # record's "averaged" says which): a finished run is not thrown away for want of one.
@@ -111,10 +112,7 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
         "curve": curve,
         "train_s": train_s,
         "resumed_from": resumed_from,
-        # Every process's training steps (log windows' mean step time x their steps): the
-        # training time of a run that was resumed, without compiles, evaluations and restarts.
-        "steps_s": float(sum(r["step_time_s"] * (r["step"] - p) for r, p in
-                             zip(logged, [-1] + [r["step"] for r in logged[:-1]], strict=True))),
+        "steps_s": steps_seconds(logged),
         "decode_s": decode_s,
         "wall_s": time.perf_counter() - start,
         "step_s": float(np.median([r["step_time_s"] for r in logged])),
@@ -155,13 +153,6 @@ def best_step(curve: list[tuple[int, float]], checkpoints: list[int]) -> int:
     newest checkpoint when no BLEU step has one."""
     scored = [(bleu, -step) for step, bleu in curve if step in checkpoints]
     return -max(scored)[1] if scored else checkpoints[-1]
-
-
-def _checkpoint_steps(run_dir: Path) -> list[int]:
-    directory = run_dir / "checkpoints"
-    if not directory.is_dir():
-        return []
-    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
 def _history(path: Path) -> list[dict]:
@@ -262,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             if _add_moses_bleu(done[seed], args, out):
                 _save(done, results)
             continue
-        if steps := _checkpoint_steps(out / f"seed{seed}"):
+        if steps := checkpoint_steps(out / f"seed{seed}"):
             print(f"seed {seed}: resuming an unfinished run from step {steps[-1]}", flush=True)
         elif (out / f"seed{seed}").exists():
             print(f"seed {seed}: discarding an unfinished run (no checkpoint)", flush=True)
