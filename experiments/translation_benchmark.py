@@ -71,9 +71,10 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
     if not any(o.startswith("train.keep_checkpoints=") for o in overrides):
         t = config.train  # keep every checkpoint, so that the best-BLEU one is there to score
         config = config.replace(**{"train.keep_checkpoints": t.steps // t.checkpoint_every + 1})
-    resumed_from = (checkpoint_steps(run_dir) or [0])[-1]
     start = time.perf_counter()
-    reached = int(hopperjax.train(config, console="bar").state.step)  # the state is let go
+    result = hopperjax.train(config, console="bar")
+    reached, resumed_from = int(result.state.step), result.start_step
+    del result  # the state is let go before decoding
     train_s = time.perf_counter() - start
     if reached < config.train.steps:  # stopped by a signal: nothing to score yet
         raise SeedStopped(f"seed {seed}: stopped at step {reached} of {config.train.steps}")
