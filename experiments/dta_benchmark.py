@@ -36,7 +36,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -46,11 +45,10 @@ from run_records import checkpoint_steps, steps_seconds
 import hopperjax
 from hopperjax import scoring
 from hopperjax.checkpoint import Checkpointer, CheckpointError
-from hopperjax.config import dump_yaml
 from hopperjax.data import DevicePrefetcher
 from hopperjax.observe import read_metrics
 from hopperjax.trainer import build_components
-from hopperjax.trainer.resume import flatten
+from hopperjax.trainer.resume import changed_keys
 
 # Published test-set figures of DeepDTA's setting 1, per dataset, recognized by its shape (drugs,
 # proteins, measured pairs). Davis: DeepDTA (Öztürk et al. 2018), KronRLS and SimBoost as DeepDTA
@@ -149,18 +147,15 @@ def same_recipe(run_dir: Path, config: hopperjax.Config) -> None:
     ``config.yaml``) and ``config`` differ: resuming it would train one run on two recipes.
     Not the recipe: ``train.keep_checkpoints``, the benchmark's bookkeeping (which once had
     another value), and ``train.stop_after``, where one process stops."""
-    saved = run_dir / "config.yaml"
-    if not saved.is_file():
-        return
-    before = flatten(yaml.safe_load(saved.read_text()) or {})
-    now = flatten(yaml.safe_load(dump_yaml(config)))
-    for key in sorted((set(before) | set(now)) - {"train.keep_checkpoints", "train.stop_after"}):
-        if before.get(key) != now.get(key):
-            raise hopperjax.ConfigError(
-                key,
-                f"the unfinished {run_dir} ran with {before.get(key)!r}, this command gives "
-                f"{now.get(key)!r}; resuming would mix two recipes: give this recipe another --out",
-            )
+    changed = changed_keys(run_dir, config)
+    for key, (old, new) in changed.items():
+        if key in ("train.keep_checkpoints", "train.stop_after"):
+            continue
+        raise hopperjax.ConfigError(
+            key,
+            f"the unfinished {run_dir} ran with {old!r}, this command gives {new!r}; resuming "
+            f"would mix two recipes: give this recipe another --out",
+        )
 
 
 def run_fold(

@@ -98,6 +98,24 @@ def _restartable(name: str) -> bool:
     return name.split(".", 1)[0] in RESTARTABLE_FIELDS
 
 
+def changed_keys(run_dir: Path, config: Config) -> dict[str, tuple[Any, Any]]:
+    """Every dotted key where ``run_dir``'s ``config.yaml`` and ``config`` differ, sorted, as
+    ``{key: (old, new)}`` (``"(absent)"`` for a key one side lacks); empty when the directory has
+    no ``config.yaml``. ``config`` goes through the same YAML round trip as the saved file, so a
+    tuple and the list YAML reads back compare equal."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return {}
+    before = flatten(yaml.safe_load(saved.read_text()) or {})
+    now = flatten(yaml.safe_load(config_lib.dump_yaml(config)))
+    changed = {}
+    for key in sorted(set(before) | set(now)):
+        old, new = before.get(key, _MISSING), now.get(key, _MISSING)
+        if old != new:
+            changed[key] = (old, new)
+    return changed
+
+
 def check_resumable(
     config: Config, run_dir: Path, abstract_state: Any, checkpointer: Checkpointer, step: int
 ) -> tuple[str, ...]:
@@ -111,15 +129,7 @@ def check_resumable(
     """
     if not step:
         return ()
-    saved_config = run_dir / "config.yaml"
-    now = flatten(config_lib.to_dict(config))
-    changed: dict[str, tuple[Any, Any]] = {}
-    if saved_config.is_file():
-        before = flatten(yaml.safe_load(saved_config.read_text()) or {})
-        for key in sorted(set(before) | set(now)):
-            old, new = before.get(key, _MISSING), now.get(key, _MISSING)
-            if old != new:
-                changed[key] = (old, new)
+    changed = changed_keys(run_dir, config)
     for key, (old, new) in changed.items():
         if key.startswith(RUN_DEFINING_PREFIXES):
             raise ConfigError(
