@@ -40,10 +40,9 @@ def main_in_process(argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
     def too_far(mode):
         raise AssertionError(f"the CLI went past loading the config (comm.overlap={mode})")
 
-    # Importing the CLI's module rebinds the package's name ``hopperjax.train`` (the library's
-    # function) to it; the monkeypatch puts the function back after the test.
-    monkeypatch.setattr(hopperjax, "train", hopperjax.train)
-    cli = importlib.import_module("hopperjax.train")
+    train = hopperjax.train
+    cli = importlib.import_module("hopperjax.cli")
+    assert hopperjax.train is train  # the library's function, not shadowed by the CLI's module
     monkeypatch.setattr(cli.overlap, "apply", too_far)
     code = cli.main(argv)
     return code, capsys.readouterr().err
