@@ -114,8 +114,11 @@ def test_two_processes_train_checkpoint_resume_and_match_one_process(tmp_path, t
     devices: which also proves the processes read disjoint halves of each global batch (reading
     the same half, or the whole batch each, gives other losses). ``data.sampling=random`` makes
     the global batches independent of the process count (window i is the same window for any
-    count), so the one-process run sees the same examples. Resuming the job's checkpoint with
-    one process is refused in one line."""
+    count), so the one-process run sees the same examples. The data-axis reduction is the int8
+    compressed one: its all-to-all and all-gather cross the processes (gloo) and move the
+    encoded bytes exactly, and its error-feedback residuals, sharded over both processes, are
+    checkpointed and resumed. (XLA's plain all-reduce across processes trains in the SIGTERM
+    test below.) Resuming the job's checkpoint with one process is refused in one line."""
     run_dir = tmp_path / "run"
     overrides = [
         *TINY,
@@ -125,6 +128,7 @@ def test_two_processes_train_checkpoint_resume_and_match_one_process(tmp_path, t
         "mesh.tensor=2",
         "model.n_heads=2",
         "data.sampling=random",
+        "comm.gradient_compression=int8",
     ]
     outputs = _run_two_processes(run_dir, [*overrides, "mesh.dcn_data=2", "train.stop_after=4"])
     assert [o["process"] for o in outputs] == [0, 1]
@@ -153,13 +157,14 @@ def test_two_processes_train_checkpoint_resume_and_match_one_process(tmp_path, t
     )
     expected = [r["loss"] for r in reference.history if "loss" in r]
     got = [{**outputs[0]["losses"], **resumed[0]["losses"]}[str(step)] for step in range(6)]
-    # Cross-process sums (gloo) may add in another order than one process's: float32 rounding.
-    np.testing.assert_allclose(got, expected, rtol=2e-5)
+    # Cross-process sums (gloo) may add in another order than one process's: float32 rounding,
+    # which the int8 encoding of the next step's gradients can carry a little further.
+    np.testing.assert_allclose(got, expected, rtol=1e-4)
     # The comparison has teeth: the six losses spread over far more than its tolerance (a model
     # that learned nothing, whose losses any batches would match, fails here). Not "six distinct
     # losses to N decimals": the corpus is the package's own source, and two neighbouring losses
     # of one commit fell together to 3 decimals, 5.28260 / 5.28268.
-    assert np.ptp(expected) > 100 * 2e-5 * max(expected)
+    assert np.ptp(expected) > 20 * 1e-4 * max(expected)
 
 
 def _wait_for_records(run_dir, count, started, deadline):
@@ -238,23 +243,3 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_a_lost_peer_is_one_li
         )
     ), err[-2000:]
     assert "Check failure stack trace" not in err and "terminate called" not in err, err[-2000:]
-
-
-def test_two_processes_train_with_int8_gradient_compression(tmp_path, tiny_config):
-    """The compressed reduction's all-to-all and all-gather cross the processes (gloo): both
-    processes agree, and match one process on 8 devices (the encoded bytes move exactly)."""
-    overrides = [
-        *TINY,
-        "mesh.data=8",
-        "data.sampling=random",
-        "comm.gradient_compression=int8",
-        "train.stop_after=3",
-    ]
-    outputs = _run_two_processes(tmp_path / "run", [*overrides, "mesh.dcn_data=2"])
-    assert outputs[0]["losses"] == outputs[1]["losses"]
-    reference = hopperjax.train(
-        tiny_config(*overrides, f"run_dir={tmp_path / 'one'}"), console=False
-    )
-    expected = [r["loss"] for r in reference.history if "loss" in r]
-    got = [outputs[0]["losses"][str(step)] for step in range(3)]
-    np.testing.assert_allclose(got, expected, rtol=1e-4)
