@@ -3,6 +3,8 @@ RDKit featurization, valid synthetic SMILES, the encoder's invariances, and the 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from hopperjax.data import dta_batches, mol_graphs
 from hopperjax.data.molecules import DRUG_MOTIFS, DataError, fragment_smiles, motif_counts
 from hopperjax.models import dta as dta_model
 from hopperjax.precision import get_policy
+from hopperjax.workloads import dta as dta_workload
 
 ELEMENT, DEGREE, HYDROGENS, CHARGE, HYBRID, AROMATIC, RING = range(len(mol_graphs.ATOM_FEATURES))
 
@@ -73,20 +76,45 @@ def _graphs(smiles, max_atoms):
     )
 
 
-def test_graph_encoder_ignores_padding_and_atom_order():
-    """More atom and bond slots, and a renumbering of the atoms (bonds renumbered with them),
-    give the same vector within fp32 rounding; a different molecule does not."""
+def _one_graph(atoms, bonds, *, rows=None, packed=True, slack=0):
+    """Every molecule of a graph table, in order, as the one graph a batch carries."""
+    sizes = mol_graphs.graph_sizes(atoms, bonds)
+    ids = np.arange(len(atoms))
+    rows = rows or len(atoms)
+    if packed:
+        atom_slots, bond_slots = int(sizes[0].sum()) + slack, int(sizes[1].sum()) + slack
+    else:
+        atom_slots, bond_slots = rows * atoms.shape[1], rows * bonds.shape[1]
+    out = mol_graphs.batch_graph(
+        ids, rows, graphs=(atoms, bonds), sizes=sizes, atom_slots=atom_slots,
+        bond_slots=bond_slots, packed=packed,
+    )  # fmt: skip
+    return tuple(out[f"drug_{k}"] for k in ("atoms", "bonds", "graph", "sizes"))
+
+
+def test_graph_encoder_ignores_padding_layout_and_atom_order():
+    """Packed (each molecule right after the last) or padded (each molecule in slots for the
+    largest allowed), with more slots to spare, and with the atoms renumbered (bonds renumbered
+    with them) and the bonds reordered: the same vectors within fp32 rounding; a different
+    molecule differs."""
     smiles = ["CC(=O)Nc1ccc(O)cc1", "c1ccncc1C#N", "CCO"]
     atoms, bonds = _graphs(smiles, 24)
+    graph = _one_graph(atoms, bonds)
+    assert graph[0].shape == (11 + 8 + 3, 7) and graph[3].tolist() == [11, 8, 3]
     encoder = _encoder()
-    params = jax.jit(encoder.init)(jax.random.key(0), atoms, bonds)
+    params = jax.jit(encoder.init)(jax.random.key(0), *graph)
     apply = jax.jit(encoder.apply)  # one compile per shape, not one per operation
-    out = np.asarray(apply(params, atoms, bonds))
+    out = np.asarray(apply(params, *graph))
     assert out.shape == (3, 16) and np.isfinite(out).all()
     assert np.abs(out[0] - out[1]).max() > 1e-3  # different molecules differ
 
-    wide_atoms, wide_bonds = _graphs(smiles, 40)
-    np.testing.assert_allclose(apply(params, wide_atoms, wide_bonds), out, atol=1e-5)
+    for layout in (
+        _one_graph(atoms, bonds, packed=False),  # 72 atom slots, 288 bond slots
+        _one_graph(*_graphs(smiles, 40), packed=False),
+        _one_graph(atoms, bonds, slack=13),
+        _one_graph(atoms, bonds, rows=8),  # padding table rows after the three molecules
+    ):
+        np.testing.assert_allclose(apply(params, *layout)[:3], out, atol=1e-5)
 
     n = 11  # heavy atoms of paracetamol: renumber them by a permutation
     perm = np.random.default_rng(0).permutation(n)  # new index of old atom i is perm[i]
@@ -95,41 +123,99 @@ def test_graph_encoder_ignores_padding_and_atom_order():
     real = bonds[0, :, 0] >= 0
     shuffled_bonds[0, real, :2] = perm[bonds[0, real, :2]]
     shuffled_bonds[0, real] = shuffled_bonds[0, real][::-1]  # and the bond order
-    np.testing.assert_allclose(apply(params, shuffled_atoms, shuffled_bonds), out, atol=1e-5)
+    shuffled = _one_graph(shuffled_atoms, shuffled_bonds)
+    np.testing.assert_allclose(apply(params, *shuffled), out, atol=1e-5)
 
 
 def test_graph_encoder_gives_padding_rows_finite_vectors_and_gradients():
     """A table row with no atoms (the padding rows of a batch's drug table) encodes to a finite
     vector, and the loss's gradients stay finite (the max pool over no atoms is masked)."""
     atoms, bonds = _graphs(["CCO"], 8)
-    atoms = np.concatenate([atoms, np.zeros_like(atoms)])
-    bonds = np.concatenate([bonds, np.full_like(bonds, -1)])
-    bonds[1, :, 2] = 0
+    graph = _one_graph(atoms, bonds, rows=2, slack=5)
     encoder = _encoder()
-    params = jax.jit(encoder.init)(jax.random.key(0), atoms, bonds)
-    loss = jax.jit(jax.value_and_grad(lambda p: encoder.apply(p, atoms, bonds).sum()))
+    params = jax.jit(encoder.init)(jax.random.key(0), *graph)
+    loss = jax.jit(jax.value_and_grad(lambda p: encoder.apply(p, *graph).sum()))
     out, grads = loss(params)
     assert np.isfinite(out)
     assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(grads))
 
 
-def test_graph_batches_gather_each_drug_once_and_pad_with_no_atoms():
+def test_graph_batches_gather_each_drug_once_packed_after_one_another():
+    """A batch's distinct drugs, in first-id order, each once: their atoms one after another,
+    bonds shifted to their atoms' slots, each atom tagged with its table row; padding slots
+    hold no atom and no bond; molecules that do not fit the slots are refused."""
     atoms, bonds = _graphs(["CCO", "c1ccccc1", "CN"], 8)
+    sizes = mol_graphs.graph_sizes(atoms, bonds)
+    assert sizes[0].tolist() == [3, 6, 2] and sizes[1].tolist() == [4, 12, 2]
     tokens = np.zeros((3, 4), np.int32)
     batch = {
         "drug_id": np.array([2, 0, 2, 2]),
         "protein_id": np.array([0, 0, 1, 1]),
         "affinity": np.ones(4, np.float32),
     }
+    graphs = functools.partial(
+        mol_graphs.batch_graph, graphs=(atoms, bonds), sizes=sizes, atom_slots=8,
+        bond_slots=8, packed=True,
+    )  # fmt: skip
     out = dta_batches.batch_from_ids(
         batch, tokens, np.zeros((2, 5), np.int32), drug_rows=8, protein_rows=8, dedup=True,
-        drug_graphs=(atoms, bonds),
+        drug_graphs=graphs,
     )  # fmt: skip
-    assert "drug_tokens" not in out and out["drug_atoms"].shape == (8, 8, 7)
-    np.testing.assert_array_equal(out["drug_atoms"][:2], atoms[[0, 2]])
-    assert out["drug_index"].tolist() == [1, 0, 1, 1]
-    assert not out["drug_atoms"][2:].any()
-    assert (out["drug_bonds"][2:, :, :2] == -1).all() and not out["drug_bonds"][2:, :, 2].any()
+    assert "drug_tokens" not in out and out["drug_atoms"].shape == (8, 7)
+    assert out["drug_index"].tolist() == [1, 0, 1, 1]  # drug 0 in row 0, drug 2 in row 1
+    np.testing.assert_array_equal(out["drug_atoms"][:5], np.r_[atoms[0, :3], atoms[2, :2]])
+    assert not out["drug_atoms"][5:].any()
+    assert out["drug_graph"].tolist() == [0, 0, 0, 1, 1, -1, -1, -1]
+    assert out["drug_sizes"].tolist() == [3, 2, 0, 0, 0, 0, 0, 0]
+    np.testing.assert_array_equal(out["drug_bonds"][:4], bonds[0, :4])
+    np.testing.assert_array_equal(out["drug_bonds"][4:6, :2], bonds[2, :2, :2] + 3)
+    assert (out["drug_bonds"][6:, :2] == -1).all() and not out["drug_bonds"][6:, 2].any()
+    # the padded layout: drug 2 from atom slot 8 (its row times 8 atoms), bond slot 32
+    padded = mol_graphs.batch_graph(
+        np.array([0, 2]), 2, graphs=(atoms, bonds), sizes=sizes, atom_slots=16,
+        bond_slots=64, packed=False,
+    )  # fmt: skip
+    assert padded["drug_graph"][8:10].tolist() == [1, 1] and (padded["drug_graph"][3:8] == -1).all()
+    assert padded["drug_bonds"][32:34, :2].tolist() == (bonds[2, :2, :2] + 8).tolist()
+    with pytest.raises(ValueError, match="do not fit"):
+        mol_graphs.batch_graph(
+            np.array([1, 0]), 2, graphs=(atoms, bonds), sizes=sizes, atom_slots=8,
+            bond_slots=16, packed=True,
+        )  # fmt: skip
+    assert mol_graphs.slot_budget(sizes[0], 2, distinct=True, multiple=8) == 16  # 6 + 3
+    assert mol_graphs.slot_budget(sizes[0], 2, distinct=False, multiple=8) == 16  # 2 x 6
+    assert mol_graphs.slot_budget(sizes[1], 3, distinct=True, multiple=8) == 24  # 18
+
+
+def test_process_blocks_of_the_graph_concatenate_into_the_global_graph():
+    """Each process builds its block of the global batch (``to_model_batch(block=i)``): its
+    table rows and atom slots come after the blocks before it, so the concatenated blocks encode
+    every process's drugs as each block alone does, and each pair finds its own drug."""
+    smiles = ["CC(=O)Nc1ccc(O)cc1", "c1ccncc1C#N", "CCO", "CN", "OC(=O)c1ccccc1"]
+    atoms, bonds = _graphs(smiles, 16)
+    sizes = mol_graphs.graph_sizes(atoms, bonds)
+    graphs = functools.partial(
+        mol_graphs.batch_graph, graphs=(atoms, bonds), sizes=sizes, atom_slots=32,
+        bond_slots=64, packed=True,
+    )  # fmt: skip
+    tokens = (np.zeros((5, 4), np.int32), np.zeros((1, 4), np.int32))
+    blocks = []
+    for block, drug_ids in enumerate(([2, 0, 2], [4, 1, 3])):
+        pairs = {"drug_id": np.array(drug_ids), "protein_id": np.zeros(3, np.int64),
+                 "affinity": np.zeros(3, np.float32), "weight": np.ones(3, np.float32)}  # fmt: skip
+        convert = functools.partial(
+            dta_workload.to_model_batch, drug_rows=8, protein_rows=8, block=block, dedup=True
+        )
+        blocks.append(convert(pairs, tokens=tokens, graphs=graphs))
+    joined = {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}
+    assert joined["drug_index"].tolist() == [1, 0, 1, 10, 8, 9]  # block 1's rows from 8
+    encoder = _encoder()
+    fields = [f"drug_{k}" for k in ("atoms", "bonds", "graph", "sizes")]
+    params = jax.jit(encoder.init)(jax.random.key(0), *(joined[k] for k in fields))
+    out = np.asarray(jax.jit(encoder.apply)(params, *(joined[k] for k in fields)))
+    alone = np.asarray(encoder.apply(params, *_one_graph(atoms, bonds)))  # drug i in row i
+    for pair, drug in enumerate([2, 0, 2, 4, 1, 3]):
+        np.testing.assert_allclose(out[joined["drug_index"][pair]], alone[drug], atol=1e-5)
 
 
 def _gin_config(tmp_path, *extra):

@@ -8,6 +8,8 @@ molecules plus per-pair indices, which is what the DTA model encodes (``models/d
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -74,7 +76,7 @@ class PairSource(_PairIndex):
         }
 
 
-def _padded_table(distinct: np.ndarray, rows: int, what: str, fill: int = 0) -> np.ndarray:
+def _padded_table(distinct: np.ndarray, rows: int, what: str) -> np.ndarray:
     """``distinct`` rows (of tokens, or of any per-molecule array), padded with ``fill`` to
     ``rows`` (static shapes under jit)."""
     if len(distinct) > rows:
@@ -82,7 +84,7 @@ def _padded_table(distinct: np.ndarray, rows: int, what: str, fill: int = 0) -> 
             f"the batch has {len(distinct)} distinct {what}s but the table has {rows} rows; "
             f"size it as min(batch size, distinct {what}s in the data)"
         )
-    table = np.full((rows, *distinct.shape[1:]), fill, distinct.dtype)
+    table = np.zeros((rows, *distinct.shape[1:]), distinct.dtype)
     table[: len(distinct)] = distinct
     return table
 
@@ -95,14 +97,13 @@ def batch_from_ids(
     drug_rows: int,
     protein_rows: int,
     dedup: bool,
-    drug_graphs: tuple[np.ndarray, np.ndarray] | None = None,
+    drug_graphs: Callable[[np.ndarray, int], dict[str, np.ndarray]] | None = None,
 ) -> dict[str, np.ndarray]:
     """A batch of ``PairIds`` items -> the model's tables and per-pair indices, as
     ``dedup_batch`` makes them from token rows (``dedup=False``: one table row per pair).
 
-    ``drug_graphs``: per drug id (atoms, bonds) of ``mol_graphs.graph_table``; the drug tables
-    are then ``drug_atoms`` and ``drug_bonds`` (padding rows: no atoms, bonds from -1) instead of
-    ``drug_tokens``."""
+    ``drug_graphs``: ``(drug ids, rows) ->`` the drug table as one graph (``mol_graphs.batch_graph``
+    with the data's graphs and slots bound), which replaces ``drug_tokens``."""
     out = {"affinity": np.asarray(batch["affinity"], np.float32)}
     for what, tokens, rows in (
         ("drug", drug_tokens, drug_rows),
@@ -113,10 +114,7 @@ def batch_from_ids(
             np.unique(ids, return_inverse=True) if dedup else (ids, np.arange(len(ids)))
         )
         if what == "drug" and drug_graphs is not None:
-            atoms, bonds = drug_graphs
-            out["drug_atoms"] = _padded_table(atoms[distinct], rows, what)
-            out["drug_bonds"] = _padded_table(bonds[distinct], rows, what, fill=-1)
-            out["drug_bonds"][len(distinct) :, :, 2] = 0
+            out.update(drug_graphs(distinct, rows))
         else:
             out[f"{what}_tokens"] = _padded_table(tokens[distinct], rows, what)
         out[f"{what}_index"] = index.reshape(-1).astype(np.int32)

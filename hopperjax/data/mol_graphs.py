@@ -9,6 +9,14 @@ every batch has the same shapes and the step compiles once:
   row ``i`` is RDKit's atom ``i``; padding rows are all zero (element 0 is "no atom").
 - ``bonds`` [edge_slots(max_atoms), 3] int16: directed edges (source, target, bond type), each
   bond twice; padding rows are (-1, -1, 0).
+
+A batch's distinct drugs travel as one graph (``batch_graph``): their atoms and bonds in flat
+arrays of a fixed number of slots, with each atom's table row. ``packed``: each molecule's atoms
+right after the previous one's, so the slots are what the data's largest molecules need
+(``slot_budget``; on Davis 2,180 atoms and 4,820 directed bonds for all 68 drugs, against 6,912
+and 27,648 slots at 96 atoms a molecule); not packed: molecule ``r`` at atom slot
+``r * max_atoms`` and bond slot ``r * edge_slots(max_atoms)``, every molecule padded to the
+largest allowed (the layout before packing, kept as the reference).
 """
 
 from __future__ import annotations
@@ -125,3 +133,82 @@ def graph_table(
         empty_atoms = np.zeros((0, max_atoms, len(ATOM_FEATURES)), np.uint8)
         return empty_atoms, np.zeros((0, slots, 3), np.int16)
     return np.stack([a for a, _ in graphs]), np.stack([b for _, b in graphs])
+
+
+def graph_sizes(atoms: np.ndarray, bonds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per molecule of a ``graph_table``: (atoms, directed bonds), int64 each. Real atoms and
+    bonds come first in their rows (``smiles_graph``)."""
+    return (atoms[..., 0] > 0).sum(axis=-1), (bonds[..., 0] >= 0).sum(axis=-1)
+
+
+def slot_budget(sizes: np.ndarray, molecules: int, *, distinct: bool, multiple: int) -> int:
+    """Slots that hold any ``molecules`` of the data's (``sizes``: atoms, or bonds, of each):
+    the largest ``molecules`` sizes summed when a batch's molecules are distinct, else
+    ``molecules`` times the largest; rounded up to ``multiple`` (at least one ``multiple``)."""
+    sizes = np.sort(np.asarray(sizes, np.int64))[::-1]
+    top = int(sizes[:molecules].sum()) if distinct else molecules * int(sizes.max(initial=0))
+    return max(1, -(-top // multiple)) * multiple
+
+
+def batch_graph(
+    ids: np.ndarray,
+    rows: int,
+    *,
+    graphs: tuple[np.ndarray, np.ndarray],
+    sizes: tuple[np.ndarray, np.ndarray],
+    atom_slots: int,
+    bond_slots: int,
+    packed: bool,
+) -> dict[str, np.ndarray]:
+    """The molecules ``ids`` (table rows 0..len(ids)-1 of ``rows``) as one graph.
+
+    Args:
+      graphs: ``graph_table``'s (atoms, bonds); sizes: its ``graph_sizes``.
+    Returns:
+      {"drug_atoms": [atom_slots, F] uint8 (padding slots all zero), "drug_bonds": [bond_slots,
+      3] int32 (source and target atom slots, bond type; padding (-1, -1, 0)), "drug_graph":
+      [atom_slots] int32 (each atom's table row; -1 for padding slots), "drug_sizes": [rows]
+      int32 (atoms per table row, 0 for padding rows)}.
+    Raises:
+      ValueError: the molecules need more slots than given (a budget from other data).
+    """
+    atoms, bonds = graphs
+    ids = np.asarray(ids, np.int64)
+    n_atoms, n_bonds = sizes[0][ids], sizes[1][ids]
+    if packed:
+        atom_start = np.cumsum(n_atoms) - n_atoms
+        bond_start = np.cumsum(n_bonds) - n_bonds
+    else:
+        atom_start = np.arange(len(ids)) * atoms.shape[1]
+        bond_start = np.arange(len(ids)) * bonds.shape[1]
+    ends = (atom_start[-1] + n_atoms[-1], bond_start[-1] + n_bonds[-1]) if len(ids) else (0, 0)
+    if len(ids) > rows or ends[0] > atom_slots or ends[1] > bond_slots:
+        raise ValueError(
+            f"{len(ids)} molecules of {n_atoms.sum()} atoms and {n_bonds.sum()} bonds do not fit "
+            f"{rows} rows, {atom_slots} atom slots and {bond_slots} bond slots"
+        )
+    # Each molecule's i-th real atom (bond): row in the table of molecules, slot in the batch.
+    mol_of_atom = np.repeat(np.arange(len(ids)), n_atoms)
+    atom_in_mol = np.arange(len(mol_of_atom)) - np.repeat(np.cumsum(n_atoms) - n_atoms, n_atoms)
+    mol_of_bond = np.repeat(np.arange(len(ids)), n_bonds)
+    bond_in_mol = np.arange(len(mol_of_bond)) - np.repeat(np.cumsum(n_bonds) - n_bonds, n_bonds)
+    atom_slot = atom_start[mol_of_atom] + atom_in_mol
+    bond_slot = bond_start[mol_of_bond] + bond_in_mol
+
+    out_atoms = np.zeros((atom_slots, atoms.shape[-1]), np.uint8)
+    out_atoms[atom_slot] = atoms[ids[mol_of_atom], atom_in_mol]
+    graph = np.full(atom_slots, -1, np.int32)
+    graph[atom_slot] = mol_of_atom
+    out_bonds = np.zeros((bond_slots, 3), np.int32)
+    out_bonds[:, :2] = -1
+    picked = bonds[ids[mol_of_bond], bond_in_mol].astype(np.int32)
+    out_bonds[bond_slot, :2] = picked[:, :2] + atom_start[mol_of_bond, None]
+    out_bonds[bond_slot, 2] = picked[:, 2]
+    count = np.zeros(rows, np.int32)
+    count[: len(ids)] = n_atoms
+    return {
+        "drug_atoms": out_atoms,
+        "drug_bonds": out_bonds,
+        "drug_graph": graph,
+        "drug_sizes": count,
+    }

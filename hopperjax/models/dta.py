@@ -191,14 +191,15 @@ class TransformerEncoder(nn.Module):
 class GraphEncoder(nn.Module):
     """A graph isomorphism network (GIN, with bond types in the messages) over each molecule.
 
-    Node states start as the sum of one embedding per atom feature. Each of ``gnn_layers`` rounds
-    sends ``relu(h[source] + bond_embedding)`` along every directed bond, sums what each atom
-    receives (``jax.ops.segment_sum`` over the batch's atoms flattened into one graph), and
-    updates ``h += relu(norm(mlp((1 + eps) h + received)))``. The readout normalizes the atom
-    states, concatenates their mean and max over the molecule's real atoms (so the scale does
-    not grow with the molecule) and projects to ``gnn_dim``.
-    Padding atoms (element 0) and bonds (source -1) take no part, so the output does not depend
-    on the padding, nor on the order of atoms or bonds.
+    A batch's molecules come as one graph (``mol_graphs.batch_graph``): atoms and directed bonds
+    in flat slot arrays, each atom tagged with its molecule's table row. Node states start as the
+    sum of one embedding per atom feature. Each of ``gnn_layers`` rounds sends ``relu(h[source] +
+    bond_embedding)`` along every directed bond, sums what each atom receives
+    (``jax.ops.segment_sum``), and updates ``h += relu(norm(mlp((1 + eps) h + received)))``. The
+    readout normalizes the atom states, concatenates their mean and max over each molecule's
+    atoms (so the scale does not grow with the molecule) and projects to ``gnn_dim``.
+    Padding atoms (element 0) and bonds (source -1) take no part, so the output depends neither
+    on the padding nor on where in the slots, or in which order, the atoms and bonds lie.
     """
 
     atom_vocab: tuple[int, ...]  # categories per atom feature (the data's ATOM_FEATURES)
@@ -207,8 +208,11 @@ class GraphEncoder(nn.Module):
     policy: Policy
 
     @nn.compact
-    def __call__(self, atoms: jax.Array, bonds: jax.Array) -> jax.Array:
-        """atoms [N, A, features], bonds [N, E, 3] (source, target, type) -> [N, gnn_dim]."""
+    def __call__(
+        self, atoms: jax.Array, bonds: jax.Array, graph: jax.Array, sizes: jax.Array
+    ) -> jax.Array:
+        """atoms [T, features], bonds [S, 3] (source, target, type), graph [T] (each atom's
+        table row, -1 for padding), sizes [R] (atoms per row) -> [R, gnn_dim]."""
         if len(self.atom_vocab) != atoms.shape[-1] or self.bond_types < 1:
             raise ValueError(
                 f"GraphEncoder: atom_vocab has {len(self.atom_vocab)} features for atoms with "
@@ -216,22 +220,19 @@ class GraphEncoder(nn.Module):
             )
         cfg, policy = self.config, self.policy
         dim, compute = cfg.gnn_dim, policy.compute_dtype
-        n, a = atoms.shape[:2]
+        slots, rows = atoms.shape[0], sizes.shape[0]
         atoms, bonds = atoms.astype(jnp.int32), bonds.astype(jnp.int32)
-        real_atom = atoms[..., 0] > 0  # [N, A]
         h = sum(
             layers.embed(
                 vocab, dim, axes=(CHARS, "embed"), policy=policy, std=cfg.init_std, name=f"atom{i}"
-            )(atoms[..., i])
+            )(atoms[:, i])
             for i, vocab in enumerate(self.atom_vocab)
-        )
-        h = h.reshape(n * a, dim).astype(compute)
-        real_bond = bonds[..., 0] >= 0  # [N, E]
-        offset = (jnp.arange(n, dtype=jnp.int32) * a)[:, None]
-        source = jnp.where(real_bond, bonds[..., 0] + offset, 0).reshape(-1)
+        ).astype(compute)
+        real_bond = bonds[:, 0] >= 0
+        source = jnp.where(real_bond, bonds[:, 0], 0)
         # Padding bonds deliver to one extra segment past the last atom, dropped after the sum.
-        target = jnp.where(real_bond, bonds[..., 1] + offset, n * a).reshape(-1)
-        kinds = bonds[..., 2].reshape(-1)
+        target = jnp.where(real_bond, bonds[:, 1], slots)
+        kinds = bonds[:, 2]
 
         def dense(width: int, fan_in: int, name: str) -> nn.Module:
             return layers.dense(
@@ -253,7 +254,7 @@ class GraphEncoder(nn.Module):
                 name=f"bond{i}",
             )(kinds)
             message = nn.relu(h[source] + edge.astype(compute))
-            received = jax.ops.segment_sum(message, target, num_segments=n * a + 1)[:-1]
+            received = jax.ops.segment_sum(message, target, num_segments=slots + 1)[:-1]
             eps = self.param(f"eps{i}", nn.initializers.zeros_init(), (), jnp.float32)
             x = ((1.0 + eps) * h + received).astype(compute)
             x = nn.relu(dense(dim, dim, f"gin{i}_in")(x))
@@ -262,15 +263,14 @@ class GraphEncoder(nn.Module):
                 x
             )
             h = h + nn.relu(x).astype(compute)
-        h = layers.layer_norm(policy=policy, eps=cfg.norm_eps, use_bias=True, name="final_norm")(
-            h.reshape(n, a, dim)
-        )
-        mask = real_atom[..., None]
-        count = jnp.maximum(real_atom.sum(axis=1, keepdims=True), 1).astype(jnp.float32)
-        mean = jnp.where(mask, h, 0.0).sum(axis=1) / count
-        peak = jnp.where(mask, h, -jnp.inf).max(axis=1)
-        peak = jnp.where(real_atom.any(axis=1, keepdims=True), peak, 0.0)  # padding table rows
-        pooled = jnp.concatenate([mean, peak], axis=-1).astype(compute)
+        h = layers.layer_norm(policy=policy, eps=cfg.norm_eps, use_bias=True, name="final_norm")(h)
+        # Padding atoms pool into one extra row past the table's, dropped.
+        row = jnp.where((atoms[:, 0] > 0) & (graph >= 0), graph, rows)
+        total = jax.ops.segment_sum(h.astype(jnp.float32), row, num_segments=rows + 1)[:-1]
+        mean = total / jnp.maximum(sizes, 1).astype(jnp.float32)[:, None]
+        peak = jax.ops.segment_max(h, row, num_segments=rows + 1)[:-1]
+        peak = jnp.where((sizes > 0)[:, None], peak, 0.0)  # padding table rows: no atoms
+        pooled = jnp.concatenate([mean.astype(peak.dtype), peak], axis=-1).astype(compute)
         return nn.relu(dense(dim, 2 * dim, "readout_in")(pooled))
 
 
@@ -319,15 +319,17 @@ class DTA(nn.Module):
         self, encoder: nn.Module, batch: dict[str, jax.Array], which: str, deterministic: bool
     ) -> jax.Array:
         if isinstance(encoder, GraphEncoder):
-            return encoder(batch[f"{which}_atoms"], batch[f"{which}_bonds"])
+            fields = ("atoms", "bonds", "graph", "sizes")
+            return encoder(*(batch[f"{which}_{field}"] for field in fields))
         if isinstance(encoder, TransformerEncoder):
             return encoder(batch[f"{which}_tokens"], deterministic)
         return encoder(batch[f"{which}_tokens"])
 
     @nn.compact
     def __call__(self, batch: dict[str, jax.Array], *, deterministic: bool = True) -> jax.Array:
-        """batch: drug_tokens [Ud, Ld] (or, for ``gin``, drug_atoms [Ud, A, features] and
-        drug_bonds [Ud, E, 3]), protein_tokens [Up, Lp], drug_index, protein_index [B]
+        """batch: drug_tokens [Ud, Ld] (or, for ``gin``, the drugs as one graph: drug_atoms [T,
+        features], drug_bonds [S, 3], drug_graph [T], drug_sizes [Ud]; ``GraphEncoder``),
+        protein_tokens [Up, Lp], drug_index, protein_index [B]
         -> predicted affinity [B] float32; with ``members`` > 1, each member's: [members, B]."""
         dta, policy = self.config, self.policy
         if dta.members > 1:  # each member a one-network DTA; the standardization is shared
@@ -401,12 +403,11 @@ class DTA(nn.Module):
 def encoder_flops(config: DTAConfig, which: str, length: int) -> float:
     """Forward FLOPs of encoding one sequence (multiply-adds x 2; embeddings are lookups).
 
-    ``which``: "drug" or "protein"; ``length``: tokens, or atom slots for ``gin`` (whose
-    message sums, E x gnn_dim additions per round, are left out like other non-matmul work)."""
+    ``which``: "drug" or "protein"; ``length``: tokens, or atom slots for ``gin``
+    (``graph_flops`` of one molecule)."""
     kind = config.drug_encoder if which == "drug" else config.protein_encoder
     if kind == "gin":
-        dim = config.gnn_dim
-        return 2.0 * (config.gnn_layers * length * 2 * dim * dim + 2 * dim * dim)
+        return graph_flops(config, length, 1)
     if kind == "transformer":
         d = config.d_model
         # qkv 3d^2, out d^2, MLP 8d^2 per token per layer; scores and values 2Ld per token.
@@ -422,6 +423,14 @@ def encoder_flops(config: DTAConfig, which: str, length: int) -> float:
         if pool > 1 and i < len(CNN_WIDTHS) - 1:
             size //= pool
     return total
+
+
+def graph_flops(config: DTAConfig, atoms: int, molecules: int) -> float:
+    """Forward FLOPs of the graph encoder over ``atoms`` atom slots holding ``molecules``
+    molecules (table rows): two GEMMs per atom per round, the readout per molecule. The message
+    sums (bonds x gnn_dim additions a round) are left out like other non-matmul work."""
+    dim = config.gnn_dim
+    return 2.0 * (config.gnn_layers * atoms * 2 * dim * dim + molecules * 2 * dim * dim)
 
 
 def head_flops(config: DTAConfig) -> float:
@@ -446,10 +455,13 @@ def train_flops_per_step(
     protein_len: int,
 ) -> float:
     """Model FLOPs of one training step (3 x forward) that encodes ``drugs`` and ``proteins``
-    sequences (table rows) and scores ``pairs``, in each of the ``members`` networks."""
+    sequences (table rows) and scores ``pairs``, in each of the ``members`` networks. For
+    ``gin`` drugs, ``drug_len`` is the atom slots of the batch's whole graph."""
+    if config.drug_encoder == "gin":
+        drug = graph_flops(config, drug_len, drugs)
+    else:
+        drug = drugs * encoder_flops(config, "drug", drug_len)
     forward = (
-        drugs * encoder_flops(config, "drug", drug_len)
-        + proteins * encoder_flops(config, "protein", protein_len)
-        + pairs * head_flops(config)
+        drug + proteins * encoder_flops(config, "protein", protein_len) + pairs * head_flops(config)
     )
     return 3.0 * config.members * forward

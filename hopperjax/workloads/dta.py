@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,8 +58,11 @@ class AffinityData(config_lib.DataConfig):
     prediction and score), and the loss is the MSE of standardized affinities, so its scale, the
     gradients' and the head's starting point do not depend on the dataset's units (pKd, KIBA
     scores); ``eval_loss`` is then standardized too, ``eval_mse`` stays in the data's units.
-    ``drug_max_atoms``: heavy-atom slots per drug graph (``model.drug_encoder: gin``; every
-    batch is padded to it, so the step compiles once; a bigger molecule is refused, naming it).
+    ``drug_max_atoms``: heavy-atom slots per drug graph (``model.drug_encoder: gin``; a bigger
+    molecule is refused, naming it). ``pack_graphs``: a batch's drug graphs lie one after
+    another in slots sized by the data's largest molecules (``mol_graphs.batch_graph``), rather
+    than each padded to ``drug_max_atoms``; the same encoding, on Davis a third of the atom
+    slots and a sixth of the bond slots; either way the step compiles once.
     ``synthetic_smiles``: the synthetic drugs are valid SMILES built from fragments (the graph
     encoder needs molecules RDKit parses) instead of random SMILES characters.
     ``rank_weight``: adds that weight times a pairwise ranking loss to the MSE: over every pair
@@ -76,6 +80,7 @@ class AffinityData(config_lib.DataConfig):
     drug_max_len: int = 85
     protein_max_len: int = 1200
     drug_max_atoms: int = 96
+    pack_graphs: bool = True
     pkd: bool = True
     unknown_chars: Literal["error", "skip", "unk"] = "error"
     bad_records: Literal["error", "skip"] = "error"
@@ -102,6 +107,8 @@ class PairMeta:
       drugs, proteins: distinct molecules in the data.
       table_rows: per global batch size, rows of the (global) distinct-drug and distinct-protein
         tables every batch of that size carries.
+      graph_slots: per global batch size, the (global) atom and bond slots of the drugs' graph
+        (``model.drug_encoder: gin``; else empty).
       train_pairs, eval_pairs: pairs in each split (eval: without the padding copies).
       skipped: records the loader skipped (``bad_records: skip``).
       process_count: row blocks a global batch is read in.
@@ -110,6 +117,7 @@ class PairMeta:
     drugs: int
     proteins: int
     table_rows: dict[int, tuple[int, int]]
+    graph_slots: dict[int, tuple[int, int]]
     train_pairs: int
     eval_pairs: int
     skipped: int
@@ -275,6 +283,21 @@ def table_rows(local_batch: int, distinct: int, deduplicate: bool) -> int:
     return -(-rows // TABLE_ROW_MULTIPLE) * TABLE_ROW_MULTIPLE
 
 
+def graph_slots(
+    data: AffinityData, sizes: tuple[np.ndarray, np.ndarray], local: int, distinct: int, rows: int
+) -> tuple[int, int]:
+    """(atom, bond) slots of a process's drug graph for ``local`` pairs, ``distinct`` molecules
+    at most (``sizes``: ``mol_graphs.graph_sizes`` of the data's drugs) in ``rows`` table rows:
+    what the largest molecules need (``pack_graphs``), or every row as large as allowed."""
+    if not data.pack_graphs:
+        return rows * data.drug_max_atoms, rows * mol_graphs.edge_slots(data.drug_max_atoms)
+    molecules = min(local, distinct) if data.deduplicate else local
+    return tuple(
+        mol_graphs.slot_budget(n, molecules, distinct=data.deduplicate, multiple=TABLE_ROW_MULTIPLE)
+        for n in sizes
+    )
+
+
 def to_model_batch(
     batch: dict[str, np.ndarray],
     *,
@@ -283,11 +306,12 @@ def to_model_batch(
     block: int,
     dedup: bool,
     tokens: tuple[np.ndarray, np.ndarray] | None = None,
-    graphs: tuple[np.ndarray, np.ndarray] | None = None,
+    graphs: Callable[[np.ndarray, int], dict[str, np.ndarray]] | None = None,
 ) -> dict[str, np.ndarray]:
     """A batch of pairs -> distinct-row tables + per-pair indices (offset to this process's block
     of the global tables). Pairs come as token rows, or as molecule ids with ``tokens`` (the drug
-    and protein token tables) to gather from, and ``graphs`` (the drugs' graphs) for ``gin``."""
+    and protein token tables) to gather from, and ``graphs`` for ``gin``: ``(drug ids, rows) ->``
+    the drugs as one graph (``mol_graphs.batch_graph`` with the data's graphs bound)."""
     if tokens is not None:
         out = dta_batches.batch_from_ids(
             batch,
@@ -313,6 +337,11 @@ def to_model_batch(
             "affinity": batch["affinity"].astype(np.float32),
         }
     out["drug_index"] = (out["drug_index"] + block * drug_rows).astype(np.int32)
+    if "drug_graph" in out:  # atom slots and rows of this block of the global graph
+        real = out["drug_graph"] >= 0
+        out["drug_graph"][real] += block * drug_rows
+        bonded = out["drug_bonds"][:, 0] >= 0
+        out["drug_bonds"][bonded, :2] += block * len(out["drug_atoms"])
     out["protein_index"] = (out["protein_index"] + block * protein_rows).astype(np.int32)
     out["weight"] = batch["weight"].astype(np.float32)
     return out
@@ -500,6 +529,8 @@ class AffinityRegression(Workload):
             return bound
 
         rows: dict[int, tuple[int, int]] = {}
+        slots: dict[int, tuple[int, int]] = {}  # the drugs' graph: atom and bond slots
+        sizes = mol_graphs.graph_sizes(*data.graphs) if data.graphs is not None else None
         for indices, batch in ((train_idx, t.batch_size), (eval_idx, eval_batch)):
             local = shard.rows(batch)
             bound = distinct(indices, batch)
@@ -508,9 +539,22 @@ class AffinityRegression(Workload):
                 table_rows(local, bound["protein"], d.deduplicate),
             )
             rows[batch] = tuple(max(x) for x in zip(rows.get(batch, new), new, strict=True))
+            if sizes is not None:
+                new = graph_slots(d, sizes, local, bound["drug"], rows[batch][0])
+                slots[batch] = tuple(max(x) for x in zip(slots.get(batch, new), new, strict=True))
 
         def batches(order: grain.MapDataset, source: Any, batch: int) -> grain.MapDataset:
             drug_rows, protein_rows = rows[batch]
+            graphs = None
+            if sizes is not None:
+                graphs = functools.partial(
+                    mol_graphs.batch_graph,
+                    graphs=data.graphs,
+                    sizes=sizes,
+                    atom_slots=slots[batch][0],
+                    bond_slots=slots[batch][1],
+                    packed=d.pack_graphs,
+                )
             convert = functools.partial(
                 to_model_batch,
                 drug_rows=drug_rows,
@@ -518,7 +562,7 @@ class AffinityRegression(Workload):
                 block=index,
                 dedup=d.deduplicate,
                 tokens=data.tokens,
-                graphs=data.graphs,
+                graphs=graphs,
             )
             local = shard.rows(batch)
             order = order[index::count]
@@ -542,6 +586,7 @@ class AffinityRegression(Workload):
             drugs=data.drugs,
             proteins=data.proteins,
             table_rows={b: (count * r[0], count * r[1]) for b, r in rows.items()},
+            graph_slots={b: (count * n[0], count * n[1]) for b, n in slots.items()},
             train_pairs=len(train_idx),
             eval_pairs=int(eval_weights.sum()),
             skipped=data.skipped,
@@ -563,11 +608,17 @@ class AffinityRegression(Workload):
             protein_rows = processes * table_rows(local, proteins, d.deduplicate)
         pairs = (batch_size,)
         if self.config.model.drug_encoder == "gin":
-            atoms, slots = d.drug_max_atoms, mol_graphs.edge_slots(d.drug_max_atoms)
+            if meta is not None and batch_size in meta.graph_slots:
+                atoms, bonds = meta.graph_slots[batch_size]
+            else:  # no data to size them by: every molecule as large as allowed
+                atoms = drug_rows * d.drug_max_atoms
+                bonds = drug_rows * mol_graphs.edge_slots(d.drug_max_atoms)
             features = len(mol_graphs.ATOM_FEATURES)
             drug = {
-                "drug_atoms": Field((drug_rows, atoms, features), jnp.uint8, ("batch", None, None)),
-                "drug_bonds": Field((drug_rows, slots, 3), jnp.int16, ("batch", None, None)),
+                "drug_atoms": Field((atoms, features), jnp.uint8, ("batch", None)),
+                "drug_bonds": Field((bonds, 3), jnp.int32, ("batch", None)),
+                "drug_graph": Field((atoms,), jnp.int32, ("batch",)),
+                "drug_sizes": Field((drug_rows,), jnp.int32, ("batch",)),
             }
         else:
             drug = {"drug_tokens": Field((drug_rows, d.drug_max_len), jnp.int32, ("batch", None))}
@@ -581,7 +632,8 @@ class AffinityRegression(Workload):
         }
 
     def model_inputs(self, batch: Any) -> tuple[Any, ...]:
-        drug = ("drug_atoms", "drug_bonds") if "drug_atoms" in batch else ("drug_tokens",)
+        graph = ("drug_atoms", "drug_bonds", "drug_graph", "drug_sizes")
+        drug = graph if "drug_atoms" in batch else ("drug_tokens",)
         keys = (*drug, "protein_tokens", "drug_index", "protein_index")
         return ({k: batch[k] for k in keys},)
 
@@ -632,14 +684,16 @@ class AffinityRegression(Workload):
 
     def model_flops_per_step(self, batch_size: int, datasets: Datasets | None) -> float:
         fields = self.batch_fields(batch_size, datasets)
-        graph = self.config.model.drug_encoder == "gin"
-        drug = fields["drug_atoms" if graph else "drug_tokens"]
+        if self.config.model.drug_encoder == "gin":  # rows, and the atom slots of all of them
+            drugs, drug_len = fields["drug_sizes"].shape[0], fields["drug_atoms"].shape[0]
+        else:
+            drugs, drug_len = fields["drug_tokens"].shape
         return dta_model.train_flops_per_step(
             self.config.model,
-            drugs=drug.shape[0],
+            drugs=drugs,
             proteins=fields["protein_tokens"].shape[0],
             pairs=batch_size,
-            drug_len=drug.shape[1],
+            drug_len=drug_len,
             protein_len=self.config.data.protein_max_len,
         )
 
