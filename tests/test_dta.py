@@ -116,7 +116,7 @@ def test_dedup_gives_the_per_pair_predictions_and_gradients(tmp_path, encoders):
     assert drugs <= 6 and proteins <= 4  # many pairs share a molecule: dedup has work to do
 
     def model_batch(rows, dedup):
-        return dta_workload.to_model_batch(
+        return dta_batches.to_model_batch(
             batch, drug_rows=rows, protein_rows=rows, block=0, dedup=dedup
         )
 
@@ -210,7 +210,7 @@ def _mean_squared_error_of(config, params, indices):
     """MSE of the model with ``params`` over the pairs ``indices``, batched here, all at once."""
     pairs = dta_workload.load_pairs(config)
     batch = _pairs_batch(config, indices)
-    inputs = dta_workload.to_model_batch(
+    inputs = dta_batches.to_model_batch(
         batch, drug_rows=pairs.drugs, protein_rows=pairs.proteins, block=0, dedup=True
     )
     model = hopperjax.build_model(config)
@@ -618,12 +618,12 @@ def test_batches_from_ids_equal_batches_from_token_rows(dedup):
     affinity = rng.normal(size=40).astype(np.float32)
     weight = np.ones(40, np.float32)
     rows = dict(drug_rows=8 if dedup else 40, protein_rows=8 if dedup else 40, block=0, dedup=dedup)
-    by_id = dta_workload.to_model_batch(
+    by_id = dta_batches.to_model_batch(
         {**ids, "affinity": affinity, "weight": weight},
         tokens=(drug_tokens, protein_tokens),
         **rows,
     )
-    by_row = dta_workload.to_model_batch(
+    by_row = dta_batches.to_model_batch(
         {
             "drug": drug_tokens[ids["drug_id"]],
             "protein": protein_tokens[ids["protein_id"]],
@@ -805,7 +805,7 @@ def test_an_ensemble_trains_each_member_on_its_own_loss_and_predicts_their_mean(
         dta_workload.AffinityRegression.validate_config(dta_config(tmp_path, "model.members=0"))
     pairs = dta_workload.load_pairs(config)
     batch = _pairs_batch(config, np.arange(40))
-    inputs = dta_workload.to_model_batch(
+    inputs = dta_batches.to_model_batch(
         batch, drug_rows=pairs.drugs, protein_rows=pairs.proteins, block=0, dedup=True
     )
     inputs = {k: inputs[k] for k in MODEL_KEYS}

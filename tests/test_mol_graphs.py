@@ -16,7 +16,6 @@ from hopperjax.data import dta_batches, mol_graphs
 from hopperjax.data.molecules import DRUG_MOTIFS, DataError, fragment_smiles, motif_counts
 from hopperjax.models import dta as dta_model
 from hopperjax.precision import get_policy
-from hopperjax.workloads import dta as dta_workload
 
 ELEMENT, DEGREE, HYDROGENS, CHARGE, HYBRID, AROMATIC, RING = range(len(mol_graphs.ATOM_FEATURES))
 
@@ -204,7 +203,7 @@ def test_process_blocks_of_the_graph_concatenate_into_the_global_graph():
         pairs = {"drug_id": np.array(drug_ids), "protein_id": np.zeros(3, np.int64),
                  "affinity": np.zeros(3, np.float32), "weight": np.ones(3, np.float32)}  # fmt: skip
         convert = functools.partial(
-            dta_workload.to_model_batch, drug_rows=8, protein_rows=8, block=block, dedup=True
+            dta_batches.to_model_batch, drug_rows=8, protein_rows=8, block=block, dedup=True
         )
         blocks.append(convert(pairs, tokens=tokens, graphs=graphs))
     joined = {k: np.concatenate([b[k] for b in blocks]) for k in blocks[0]}

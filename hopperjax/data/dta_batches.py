@@ -2,8 +2,10 @@
 
 ``PairSource`` serves pairs from token tables that hold each molecule once; ``PairSubset`` picks a
 split's pairs (with weights for eval padding); ``GroupedOrder`` orders an epoch molecule by
-molecule so a batch touches few of them; ``dedup_batch`` turns a batch of pairs into its distinct
-molecules plus per-pair indices, which is what the DTA model encodes (``models/dta.py``).
+molecule so a batch touches few of them; ``dedup_batch`` and ``batch_from_ids`` turn a batch of
+pairs into its distinct molecules plus per-pair indices, which is what the DTA model encodes
+(``models/dta.py``); ``to_model_batch`` makes the model's batch of one process's block of a global
+batch (tables sized by ``table_rows``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
+TABLE_ROW_MULTIPLE = 8  # distinct-row tables are padded to this, so they shard over the devices
 
 
 class _PairIndex:
@@ -262,3 +266,62 @@ def dedup_batch(
         "protein_index": protein_index,
         "affinity": np.asarray(batch["affinity"], np.float32),
     }
+
+
+def table_rows(local_batch: int, distinct: int, deduplicate: bool) -> int:
+    """Rows of a per-process distinct-drug (or protein) table for ``local_batch`` pairs."""
+    rows = min(local_batch, distinct) if deduplicate else local_batch
+    return -(-rows // TABLE_ROW_MULTIPLE) * TABLE_ROW_MULTIPLE
+
+
+def to_model_batch(
+    batch: dict[str, np.ndarray],
+    *,
+    drug_rows: int,
+    protein_rows: int,
+    block: int,
+    dedup: bool,
+    tokens: tuple[np.ndarray, np.ndarray] | None = None,
+    graphs: Callable[[np.ndarray, int], dict[str, np.ndarray]] | None = None,
+) -> dict[str, np.ndarray]:
+    """A batch of pairs -> distinct-row tables + per-pair indices (offset to this process's block
+    of the global tables). Pairs come as token rows, or as molecule ids with ``tokens`` (the drug
+    and protein token tables) to gather from, and ``graphs`` for ``gin``: ``(drug ids, rows) ->``
+    the drugs as one graph (``mol_graphs.batch_graph`` with the data's graphs bound)."""
+    if tokens is not None:
+        out = batch_from_ids(
+            batch,
+            *tokens,
+            drug_rows=drug_rows,
+            protein_rows=protein_rows,
+            dedup=dedup,
+            drug_graphs=graphs,
+        )
+    elif dedup:
+        out = dedup_batch(
+            {k: batch[k] for k in ("drug", "protein", "affinity")},
+            drug_rows=drug_rows,
+            protein_rows=protein_rows,
+        )
+    else:
+        pairs = len(batch["affinity"])
+        out = {
+            "drug_tokens": _pad_rows(batch["drug"], drug_rows),
+            "protein_tokens": _pad_rows(batch["protein"], protein_rows),
+            "drug_index": np.arange(pairs, dtype=np.int32),
+            "protein_index": np.arange(pairs, dtype=np.int32),
+            "affinity": batch["affinity"].astype(np.float32),
+        }
+    out["drug_index"] = (out["drug_index"] + block * drug_rows).astype(np.int32)
+    if "drug_graph" in out:  # atom slots and rows of this block of the global graph
+        real = out["drug_graph"] >= 0
+        out["drug_graph"][real] += block * drug_rows
+        bonded = out["drug_bonds"][:, 0] >= 0
+        out["drug_bonds"][bonded, :2] += block * len(out["drug_atoms"])
+    out["protein_index"] = (out["protein_index"] + block * protein_rows).astype(np.int32)
+    out["weight"] = batch["weight"].astype(np.float32)
+    return out
+
+
+def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
+    return np.concatenate([x, np.zeros((rows - len(x), *x.shape[1:]), x.dtype)])

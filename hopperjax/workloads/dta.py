@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,8 +29,6 @@ from hopperjax.models import dta as dta_model
 from hopperjax.models.transformer import BLOCK_ACTIVATIONS, BLOCK_DENSE_LAYERS
 from hopperjax.precision import Policy
 from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload
-
-TABLE_ROW_MULTIPLE = 8  # distinct-row tables are padded to this, so they shard over the devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,12 +274,6 @@ def tokenizers(data: AffinityData) -> tuple[molecules.Tokenizer, molecules.Token
     )
 
 
-def table_rows(local_batch: int, distinct: int, deduplicate: bool) -> int:
-    """Rows of a per-process distinct-drug (or protein) table for ``local_batch`` pairs."""
-    rows = min(local_batch, distinct) if deduplicate else local_batch
-    return -(-rows // TABLE_ROW_MULTIPLE) * TABLE_ROW_MULTIPLE
-
-
 def graph_slots(
     data: AffinityData, sizes: tuple[np.ndarray, np.ndarray], local: int, distinct: int, rows: int
 ) -> tuple[int, int]:
@@ -293,58 +284,11 @@ def graph_slots(
         return rows * data.drug_max_atoms, rows * mol_graphs.edge_slots(data.drug_max_atoms)
     molecules = min(local, distinct) if data.deduplicate else local
     return tuple(
-        mol_graphs.slot_budget(n, molecules, distinct=data.deduplicate, multiple=TABLE_ROW_MULTIPLE)
+        mol_graphs.slot_budget(
+            n, molecules, distinct=data.deduplicate, multiple=dta_batches.TABLE_ROW_MULTIPLE
+        )
         for n in sizes
     )
-
-
-def to_model_batch(
-    batch: dict[str, np.ndarray],
-    *,
-    drug_rows: int,
-    protein_rows: int,
-    block: int,
-    dedup: bool,
-    tokens: tuple[np.ndarray, np.ndarray] | None = None,
-    graphs: Callable[[np.ndarray, int], dict[str, np.ndarray]] | None = None,
-) -> dict[str, np.ndarray]:
-    """A batch of pairs -> distinct-row tables + per-pair indices (offset to this process's block
-    of the global tables). Pairs come as token rows, or as molecule ids with ``tokens`` (the drug
-    and protein token tables) to gather from, and ``graphs`` for ``gin``: ``(drug ids, rows) ->``
-    the drugs as one graph (``mol_graphs.batch_graph`` with the data's graphs bound)."""
-    if tokens is not None:
-        out = dta_batches.batch_from_ids(
-            batch,
-            *tokens,
-            drug_rows=drug_rows,
-            protein_rows=protein_rows,
-            dedup=dedup,
-            drug_graphs=graphs,
-        )
-    elif dedup:
-        out = dta_batches.dedup_batch(
-            {k: batch[k] for k in ("drug", "protein", "affinity")},
-            drug_rows=drug_rows,
-            protein_rows=protein_rows,
-        )
-    else:
-        pairs = len(batch["affinity"])
-        out = {
-            "drug_tokens": _pad_rows(batch["drug"], drug_rows),
-            "protein_tokens": _pad_rows(batch["protein"], protein_rows),
-            "drug_index": np.arange(pairs, dtype=np.int32),
-            "protein_index": np.arange(pairs, dtype=np.int32),
-            "affinity": batch["affinity"].astype(np.float32),
-        }
-    out["drug_index"] = (out["drug_index"] + block * drug_rows).astype(np.int32)
-    if "drug_graph" in out:  # atom slots and rows of this block of the global graph
-        real = out["drug_graph"] >= 0
-        out["drug_graph"][real] += block * drug_rows
-        bonded = out["drug_bonds"][:, 0] >= 0
-        out["drug_bonds"][bonded, :2] += block * len(out["drug_atoms"])
-    out["protein_index"] = (out["protein_index"] + block * protein_rows).astype(np.int32)
-    out["weight"] = batch["weight"].astype(np.float32)
-    return out
 
 
 def rank_loss(prediction: jax.Array, target: jax.Array, weight: jax.Array) -> jax.Array:
@@ -358,10 +302,6 @@ def rank_loss(prediction: jax.Array, target: jax.Array, weight: jax.Array) -> ja
     margin = prediction[:, None] - prediction[None, :]
     total = (pair_weight * jax.nn.softplus(-margin)).sum()
     return total / jnp.maximum(pair_weight.sum(), 1.0)
-
-
-def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
-    return np.concatenate([x, np.zeros((rows - len(x), *x.shape[1:]), x.dtype)])
 
 
 class AffinityRegression(Workload):
@@ -535,8 +475,8 @@ class AffinityRegression(Workload):
             local = shard.rows(batch)
             bound = distinct(indices, batch)
             new = (
-                table_rows(local, bound["drug"], d.deduplicate),
-                table_rows(local, bound["protein"], d.deduplicate),
+                dta_batches.table_rows(local, bound["drug"], d.deduplicate),
+                dta_batches.table_rows(local, bound["protein"], d.deduplicate),
             )
             rows[batch] = tuple(max(x) for x in zip(rows.get(batch, new), new, strict=True))
             if sizes is not None:
@@ -556,7 +496,7 @@ class AffinityRegression(Workload):
                     packed=d.pack_graphs,
                 )
             convert = functools.partial(
-                to_model_batch,
+                dta_batches.to_model_batch,
                 drug_rows=drug_rows,
                 protein_rows=protein_rows,
                 block=index,
@@ -604,8 +544,8 @@ class AffinityRegression(Workload):
             local = batch_size // processes
             drugs = meta.drugs if meta is not None else local
             proteins = meta.proteins if meta is not None else local
-            drug_rows = processes * table_rows(local, drugs, d.deduplicate)
-            protein_rows = processes * table_rows(local, proteins, d.deduplicate)
+            drug_rows = processes * dta_batches.table_rows(local, drugs, d.deduplicate)
+            protein_rows = processes * dta_batches.table_rows(local, proteins, d.deduplicate)
         pairs = (batch_size,)
         if self.config.model.drug_encoder == "gin":
             if meta is not None and batch_size in meta.graph_slots:
