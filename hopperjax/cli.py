@@ -1,12 +1,6 @@
-"""The training CLI: ``python -m hopperjax.train --config FILE [key=value ...]`` (or the
-``hopperjax-train`` script). Its ``main`` lives here, not in ``hopperjax/train.py``, the module
-``-m`` runs: importing a submodule named ``train`` would rebind the package's name
-``hopperjax.train``, the library's function, to that module.
-
-Exit codes: 0 done; 1 the training diverged (NaN/Inf: one line naming the steps and the last good
-checkpoint); 2 a bad input (config key, data file, run directory, checkpoint), one line;
-3 a multi-process job lost a process or its coordinator (one line naming it; restart every process
-to resume); 130 aborted by a second Ctrl-C (the first one checkpoints and stops).
+"""The training CLI (``DESCRIPTION``), also the ``hopperjax-train`` script. Its ``main`` lives
+here, not in ``hopperjax/train.py``, the module ``python -m`` runs: importing a submodule named
+``train`` would rebind the package's name ``hopperjax.train``, the library's function, to it.
 """
 
 from __future__ import annotations
@@ -26,6 +20,14 @@ from hopperjax.data.errors import DataError
 from hopperjax.observe.metrics import MetricsFileError
 from hopperjax.parallel import overlap
 
+DESCRIPTION = """Trains a config: python -m hopperjax.train --config FILE [key=value ...].
+
+Exit codes: 0 done; 1 the training diverged (NaN/Inf: one line naming the steps and the last good
+checkpoint); 2 a bad input (config key, data file, run directory, checkpoint), one line;
+3 a multi-process job lost a process or its coordinator (one line naming it; restart every process
+to resume); 130 aborted by a second Ctrl-C (the first one checkpoints and stops).
+"""
+
 
 def _not_orbax_errors(record: logging.LogRecord) -> bool:
     return not (record.levelno >= logging.ERROR and "/orbax/" in record.pathname)
@@ -40,7 +42,11 @@ def _quiet_closed_event_loop(unraisable: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hopperjax.train", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m hopperjax.train",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", required=True, help="YAML config, e.g. configs/quickstart.yaml")
     parser.add_argument(
         "overrides",

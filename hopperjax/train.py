@@ -1,6 +1,6 @@
-"""``python -m hopperjax.train``: runs the training CLI, ``hopperjax.cli.main`` (its options and
-exit codes are there). Nothing imports this module: doing so would rebind the package's name
-``hopperjax.train`` (the library's function) to it.
+"""``python -m hopperjax.train``: runs the training CLI, ``hopperjax.cli.main`` (options and exit
+codes: ``hopperjax.cli.DESCRIPTION``). Nothing imports this module: doing so would rebind the
+package's name ``hopperjax.train`` (the library's function) to it.
 """
 
 import sys

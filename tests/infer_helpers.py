@@ -11,12 +11,12 @@ from hopperjax import workloads
 from hopperjax.infer import Restored
 
 
-def restored_from_init(name: str, tmp_path) -> tuple[Restored, list]:
+def restored_from_init(name: str, tmp_path, *overrides: str) -> tuple[Restored, list]:
     from hopperjax.trainer import build_components
 
     config = hopperjax.load_config(
         None, [f"workload={name}", *workloads.get(name).smoke_overrides, "mesh.data=1",
-               f"run_dir={tmp_path}"],
+               f"run_dir={tmp_path}", *overrides],
     )  # fmt: skip
     parts = build_components(config, devices=jax.devices()[:1])
     state = parts.init_state()

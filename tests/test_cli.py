@@ -40,9 +40,9 @@ def main_in_process(argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
     def too_far(mode):
         raise AssertionError(f"the CLI went past loading the config (comm.overlap={mode})")
 
-    train = hopperjax.train
     cli = importlib.import_module("hopperjax.cli")
-    assert hopperjax.train is train  # the library's function, not shadowed by the CLI's module
+    # The library's function, whatever was imported before: the CLI's module shadows nothing.
+    assert hopperjax.train is hopperjax.trainer.train
     monkeypatch.setattr(cli.overlap, "apply", too_far)
     code = cli.main(argv)
     return code, capsys.readouterr().err

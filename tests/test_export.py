@@ -70,6 +70,33 @@ def test_exported_predict_equals_in_process_predict_at_two_batch_sizes(name, tmp
         np.testing.assert_allclose(got, predict_batch(restored, batch), rtol=1e-5, atol=1e-5)
 
 
+def test_a_graph_encoder_artifact_takes_the_drugs_graph_in_fixed_slots(tmp_path):
+    """``drug_encoder: gin``: only pairs and table rows are symbolic; the drugs' graph comes in
+    the artifact's fixed atom and bond slots (room for every row's molecule at its largest), so a
+    packed training batch, its slots padded with no atoms and no bonds, predicts as in process."""
+    overrides = ("model.drug_encoder=gin", "data.synthetic_smiles=true")
+    restored, batches = restored_from_init("dta", tmp_path / "run", *overrides)
+    out = tmp_path / "artifact"
+    meta = export_restored(restored, out)
+    inputs = meta["inputs"]
+    size = _batch_size(restored)
+    rows = inputs["drug_sizes"]["shape"]
+    assert rows == ["batch"] and inputs["drug_atoms"]["shape"][0] == size * 96
+    assert inputs["drug_bonds"]["shape"] == [size * 4 * 96, 3]
+    batch = dict(batches[0])
+    for name, fill in (("drug_atoms", 0), ("drug_bonds", -1), ("drug_graph", -1)):
+        slots = inputs[name]["shape"][0]
+        pad = [(0, slots - batch[name].shape[0])] + [(0, 0)] * (batch[name].ndim - 1)
+        batch[name] = np.pad(batch[name], pad, constant_values=fill)
+    batch["drug_bonds"][len(batches[0]["drug_bonds"]) :, 2] = 0
+    batch = _fitted(batch, inputs, size)
+    model = _load_module(out / "load_artifact.py").load(out)
+    got = np.asarray(jax.tree.leaves(model(batch))[0], np.float32)
+    np.testing.assert_allclose(got, predict_batch(restored, batch), rtol=1e-5, atol=1e-5)
+    packed = predict_batch(restored, batches[0])  # the same molecules in fewer slots
+    np.testing.assert_allclose(got[: len(packed)], packed, rtol=1e-5, atol=1e-5)
+
+
 def test_only_batch_axes_are_symbolic_even_when_another_dimension_equals_the_batch(tmp_path):
     """An eval batch of 32 windows of 32 tokens: the length stays 32."""
     from hopperjax.infer.export import input_signature

@@ -12,10 +12,11 @@ from conftest import REPO
 
 import hopperjax
 from hopperjax.config import ConfigError
-from hopperjax.data import dta_batches, mol_graphs
+from hopperjax.data import ProcessShard, dta_batches, mol_graphs
 from hopperjax.data.molecules import DRUG_MOTIFS, DataError, fragment_smiles, motif_counts
 from hopperjax.models import dta as dta_model
 from hopperjax.precision import get_policy
+from hopperjax.workloads import dta as dta_workload
 
 ELEMENT, DEGREE, HYDROGENS, CHARGE, HYBRID, AROMATIC, RING = range(len(mol_graphs.ATOM_FEATURES))
 
@@ -228,6 +229,42 @@ def _gin_config(tmp_path, *extra):
             *extra,
         ],
     )
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("data.pack_graphs=true",),
+        ("data.pack_graphs=false",),
+        ("data.pack_graphs=true", "data.deduplicate=false"),
+    ],
+    ids=["packed", "padded", "packed-no-dedup"],
+)
+def test_graph_batches_have_the_shapes_the_step_is_compiled_for(tmp_path, overrides):
+    """Train and eval batches (of other sizes) carry the graph in exactly the slots
+    ``batch_fields`` declares, packed or padded; a third batch size is sized from the data's
+    molecules too, between what its molecules need and the padded layout's slots."""
+    config = _gin_config(
+        tmp_path, *overrides, "train.batch_size=32", "train.eval_batch_size=48",
+        "data.synthetic_drugs=40",
+    )  # fmt: skip
+    workload = hopperjax.workloads.get("dta")(config)
+    datasets = workload.build_datasets(ProcessShard(0, 1))
+    packed = "data.pack_graphs=true" in overrides
+    for size, batches in ((32, datasets.train), (48, datasets.eval)):
+        fields = workload.batch_fields(size, datasets)
+        batch = next(iter(batches))
+        for name, field in fields.items():
+            assert batch[name].shape == field.shape and batch[name].dtype == field.dtype, name
+        rows = fields["drug_sizes"].shape[0]
+        assert (fields["drug_atoms"].shape[0] < rows * 96) == packed
+    other = workload.batch_fields(64, datasets)
+    rows = other["drug_sizes"].shape[0]
+    assert other["drug_atoms"].shape[0] <= rows * 96 and other["drug_bonds"].shape[0] <= rows * 384
+    if "data.deduplicate=false" not in overrides:
+        assert rows == 40  # every drug, once (40 is a multiple of 8)
+        atoms, _ = mol_graphs.graph_sizes(*dta_workload.load_pairs(config).graphs)
+        assert other["drug_atoms"].shape[0] >= atoms.sum()
 
 
 def test_gin_config_errors_name_the_key(tmp_path, monkeypatch):

@@ -81,7 +81,7 @@ class PairSource(_PairIndex):
 
 
 def _padded_table(distinct: np.ndarray, rows: int, what: str) -> np.ndarray:
-    """``distinct`` rows (of tokens, or of any per-molecule array), padded with ``fill`` to
+    """``distinct`` rows (of tokens, or of any per-molecule array), padded with zero rows to
     ``rows`` (static shapes under jit)."""
     if len(distinct) > rows:
         raise ValueError(

@@ -212,7 +212,8 @@ class GraphEncoder(nn.Module):
         self, atoms: jax.Array, bonds: jax.Array, graph: jax.Array, sizes: jax.Array
     ) -> jax.Array:
         """atoms [T, features], bonds [S, 3] (source, target, type), graph [T] (each atom's
-        table row, -1 for padding), sizes [R] (atoms per row) -> [R, gnn_dim]."""
+        table row, -1 for padding), sizes [R] (atoms per row; its length is the row count)
+        -> [R, gnn_dim]."""
         if len(self.atom_vocab) != atoms.shape[-1] or self.bond_types < 1:
             raise ValueError(
                 f"GraphEncoder: atom_vocab has {len(self.atom_vocab)} features for atoms with "
@@ -264,12 +265,15 @@ class GraphEncoder(nn.Module):
             )
             h = h + nn.relu(x).astype(compute)
         h = layers.layer_norm(policy=policy, eps=cfg.norm_eps, use_bias=True, name="final_norm")(h)
-        # Padding atoms pool into one extra row past the table's, dropped.
-        row = jnp.where((atoms[:, 0] > 0) & (graph >= 0), graph, rows)
+        # Padding atoms pool into one extra row past the table's, dropped. (``sizes`` gives the
+        # number of rows; the atoms are counted here, from the atoms themselves.)
+        real = (atoms[:, 0] > 0) & (graph >= 0)
+        row = jnp.where(real, graph, rows)
+        count = jax.ops.segment_sum(real.astype(jnp.float32), row, num_segments=rows + 1)[:-1]
         total = jax.ops.segment_sum(h.astype(jnp.float32), row, num_segments=rows + 1)[:-1]
-        mean = total / jnp.maximum(sizes, 1).astype(jnp.float32)[:, None]
+        mean = total / jnp.maximum(count, 1.0)[:, None]
         peak = jax.ops.segment_max(h, row, num_segments=rows + 1)[:-1]
-        peak = jnp.where((sizes > 0)[:, None], peak, 0.0)  # padding table rows: no atoms
+        peak = jnp.where((count > 0)[:, None], peak, 0.0)  # padding table rows: no atoms
         pooled = jnp.concatenate([mean.astype(peak.dtype), peak], axis=-1).astype(compute)
         return nn.relu(dense(dim, 2 * dim, "readout_in")(pooled))
 
@@ -403,11 +407,11 @@ class DTA(nn.Module):
 def encoder_flops(config: DTAConfig, which: str, length: int) -> float:
     """Forward FLOPs of encoding one sequence (multiply-adds x 2; embeddings are lookups).
 
-    ``which``: "drug" or "protein"; ``length``: tokens, or atom slots for ``gin``
-    (``graph_flops`` of one molecule)."""
+    ``which``: "drug" or "protein"; ``length``: tokens. Token encoders only: a batch's drug
+    graph is counted whole (``graph_flops``)."""
     kind = config.drug_encoder if which == "drug" else config.protein_encoder
     if kind == "gin":
-        return graph_flops(config, length, 1)
+        raise ValueError("encoder_flops counts token encoders; use graph_flops for gin")
     if kind == "transformer":
         d = config.d_model
         # qkv 3d^2, out d^2, MLP 8d^2 per token per layer; scores and values 2Ld per token.

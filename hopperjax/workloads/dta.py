@@ -27,8 +27,12 @@ from hopperjax.data import dta_batches, dta_shards, mol_graphs, molecules
 from hopperjax.data.datasets import not_found
 from hopperjax.models import dta as dta_model
 from hopperjax.models.transformer import BLOCK_ACTIVATIONS, BLOCK_DENSE_LAYERS
+from hopperjax.parallel.rules import LOGICAL_AXIS_RULES
 from hopperjax.precision import Policy
 from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload
+
+# Logical axes of the drugs' graph (``gin``): its atom slots and its directed-bond slots.
+GRAPH_ATOMS, GRAPH_BONDS = "graph_atoms", "graph_bonds"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +110,8 @@ class PairMeta:
         tables every batch of that size carries.
       graph_slots: per global batch size, the (global) atom and bond slots of the drugs' graph
         (``model.drug_encoder: gin``; else empty).
+      graph_sizes: atoms and directed bonds of each of the data's drugs (``gin``; else None),
+        which size the graph of any other batch size.
       train_pairs, eval_pairs: pairs in each split (eval: without the padding copies).
       skipped: records the loader skipped (``bad_records: skip``).
       process_count: row blocks a global batch is read in.
@@ -115,6 +121,7 @@ class PairMeta:
     proteins: int
     table_rows: dict[int, tuple[int, int]]
     graph_slots: dict[int, tuple[int, int]]
+    graph_sizes: tuple[np.ndarray, np.ndarray] | None
     train_pairs: int
     eval_pairs: int
     skipped: int
@@ -527,6 +534,7 @@ class AffinityRegression(Workload):
             proteins=data.proteins,
             table_rows={b: (count * r[0], count * r[1]) for b, r in rows.items()},
             graph_slots={b: (count * n[0], count * n[1]) for b, n in slots.items()},
+            graph_sizes=sizes,
             train_pairs=len(train_idx),
             eval_pairs=int(eval_weights.sum()),
             skipped=data.skipped,
@@ -550,14 +558,23 @@ class AffinityRegression(Workload):
         if self.config.model.drug_encoder == "gin":
             if meta is not None and batch_size in meta.graph_slots:
                 atoms, bonds = meta.graph_slots[batch_size]
-            else:  # no data to size them by: every molecule as large as allowed
+            elif meta is not None and meta.graph_sizes is not None:  # another batch size
+                processes = meta.process_count
+                local = graph_slots(
+                    d, meta.graph_sizes, batch_size // processes, meta.drugs,
+                    drug_rows // processes,
+                )  # fmt: skip
+                atoms, bonds = (processes * n for n in local)
+            else:  # no data to size them by (an exported model): molecules as large as allowed
                 atoms = drug_rows * d.drug_max_atoms
                 bonds = drug_rows * mol_graphs.edge_slots(d.drug_max_atoms)
             features = len(mol_graphs.ATOM_FEATURES)
+            # Slots, not table rows: axes of their own, sharded as the batch is, so that an
+            # exported model's symbolic batch (its pairs and table rows) leaves them fixed.
             drug = {
-                "drug_atoms": Field((atoms, features), jnp.uint8, ("batch", None)),
-                "drug_bonds": Field((bonds, 3), jnp.int32, ("batch", None)),
-                "drug_graph": Field((atoms,), jnp.int32, ("batch",)),
+                "drug_atoms": Field((atoms, features), jnp.uint8, (GRAPH_ATOMS, None)),
+                "drug_bonds": Field((bonds, 3), jnp.int32, (GRAPH_BONDS, None)),
+                "drug_graph": Field((atoms,), jnp.int32, (GRAPH_ATOMS,)),
                 "drug_sizes": Field((drug_rows,), jnp.int32, ("batch",)),
             }
         else:
@@ -618,9 +635,11 @@ class AffinityRegression(Workload):
             "eval_pairs": float(keep.sum()),
         }
 
-    def axis_rules(self) -> tuple[tuple[str, None], ...]:
-        # The SMILES and amino-acid vocabularies (a few dozen rows) stay whole on every device.
-        return ((dta_model.CHARS, None),)
+    def axis_rules(self) -> tuple[tuple[str, Any], ...]:
+        # The SMILES and amino-acid vocabularies (a few dozen rows) stay whole on every device;
+        # the drugs' graph slots split over the devices as the batch does.
+        batch = dict(LOGICAL_AXIS_RULES)["batch"]
+        return ((dta_model.CHARS, None), (GRAPH_ATOMS, batch), (GRAPH_BONDS, batch))
 
     def model_flops_per_step(self, batch_size: int, datasets: Datasets | None) -> float:
         fields = self.batch_fields(batch_size, datasets)
