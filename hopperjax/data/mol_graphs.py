@@ -141,6 +141,11 @@ def graph_sizes(atoms: np.ndarray, bonds: np.ndarray) -> tuple[np.ndarray, np.nd
     return (atoms[..., 0] > 0).sum(axis=-1), (bonds[..., 0] >= 0).sum(axis=-1)
 
 
+def padded_slots(rows: int, max_atoms: int) -> tuple[int, int]:
+    """(atom, bond) slots of ``rows`` molecules, each given room for the largest allowed."""
+    return rows * max_atoms, rows * edge_slots(max_atoms)
+
+
 def slot_budget(sizes: np.ndarray, molecules: int, *, distinct: bool, multiple: int) -> int:
     """Slots that hold any ``molecules`` of the data's (``sizes``: atoms, or bonds, of each):
     the largest ``molecules`` sizes summed when a batch's molecules are distinct, else

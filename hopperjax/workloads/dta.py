@@ -288,7 +288,7 @@ def graph_slots(
     at most (``sizes``: ``mol_graphs.graph_sizes`` of the data's drugs) in ``rows`` table rows:
     what the largest molecules need (``pack_graphs``), or every row as large as allowed."""
     if not data.pack_graphs:
-        return rows * data.drug_max_atoms, rows * mol_graphs.edge_slots(data.drug_max_atoms)
+        return mol_graphs.padded_slots(rows, data.drug_max_atoms)
     molecules = min(local, distinct) if data.deduplicate else local
     return tuple(
         mol_graphs.slot_budget(
@@ -566,8 +566,7 @@ class AffinityRegression(Workload):
                 )  # fmt: skip
                 atoms, bonds = (processes * n for n in local)
             else:  # no data to size them by (an exported model): molecules as large as allowed
-                atoms = drug_rows * d.drug_max_atoms
-                bonds = drug_rows * mol_graphs.edge_slots(d.drug_max_atoms)
+                atoms, bonds = mol_graphs.padded_slots(drug_rows, d.drug_max_atoms)
             features = len(mol_graphs.ATOM_FEATURES)
             # Slots, not table rows: axes of their own, sharded as the batch is, so that an
             # exported model's symbolic batch (its pairs and table rows) leaves them fixed.
