@@ -15,7 +15,7 @@ import jax
 
 from hopperjax import supervise
 from hopperjax.checkpoint import CheckpointError
-from hopperjax.config import ConfigError, dump_yaml, load_config
+from hopperjax.config import Config, ConfigError, dump_yaml, load_config
 from hopperjax.data.errors import DataError
 from hopperjax.observe.metrics import MetricsFileError
 from hopperjax.parallel import overlap
@@ -41,7 +41,7 @@ def _quiet_closed_event_loop(unraisable: Any) -> None:
         sys.__unraisablehook__(unraisable)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hopperjax.train",
         description=DESCRIPTION,
@@ -59,7 +59,27 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print the resolved config (every key, defaults included) as YAML and exit",
     )
-    args = parser.parse_intermixed_args(argv)
+    return parser
+
+
+def _prepare_process(config: Config) -> None:
+    """What this process sets before any backend starts (XLA reads its flags once)."""
+    line = overlap.apply(config.comm.overlap)  # parallel/overlap.py
+    if line:
+        print(line, flush=True)
+    # orbax logs a failed background save as several tracebacks, and its writer threads may then
+    # call into a closed event loop; the loop reports the failure as one line.
+    logging.getLogger("absl").addFilter(_not_orbax_errors)
+    sys.unraisablehook = _quiet_closed_event_loop
+    # Set here, visibly, rather than inside library code: per-step keys that shard like the data.
+    jax.config.update("jax_threefry_partitionable", True)
+    if config.distributed.enabled:
+        # Cross-process collectives on CPU hosts go through gloo (GPUs use NCCL regardless).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_intermixed_args(argv)
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as e:
@@ -76,24 +96,13 @@ def main(argv: list[str] | None = None) -> int:
             coordinator=str(dist.coordinator_address or "auto"),
             heartbeat_timeout_s=dist.heartbeat_timeout_s,
         )
-    # Before anything starts a backend: XLA reads its flags once (parallel/overlap.py).
-    line = overlap.apply(config.comm.overlap)
-    if line:
-        print(line, flush=True)
-    # orbax logs a failed background save as several tracebacks, and its writer threads may then
-    # call into a closed event loop; the loop reports the failure as one line.
-    logging.getLogger("absl").addFilter(_not_orbax_errors)
-    sys.unraisablehook = _quiet_closed_event_loop
-    # Set here, visibly, rather than inside library code: per-step keys that shard like the data.
-    jax.config.update("jax_threefry_partitionable", True)
+    _prepare_process(config)
 
     from hopperjax.parallel import initialize_distributed  # After the jax.config update above.
     from hopperjax.trainer import train
 
     try:
         if config.distributed.enabled:
-            # Cross-process collectives on CPU hosts go through gloo (GPUs use NCCL regardless).
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
             initialize_distributed(config.distributed)
         train(config)
     except ConfigError as e:
