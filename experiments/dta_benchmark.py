@@ -91,7 +91,7 @@ def published_for(shape: tuple[int, int, int]) -> tuple[str | None, dict]:
 
 def dataset_shape(config_path: str, overrides: list[str]) -> tuple[int, int, int]:
     """(distinct drugs, distinct proteins, measured pairs) of the benchmark's dataset."""
-    from hopperjax.data.dta_pairs import load_table
+    from hopperjax.workloads.dta import load_table
 
     table = load_table(hopperjax.load_config(config_path, overrides))
     return len(table.drugs), len(table.proteins), len(table.affinity)

@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     _prepare_process(config)
 
-    from hopperjax.parallel import initialize_distributed  # After the jax.config update above.
+    from hopperjax.parallel import (
+        initialize_distributed,
+    )  # After _prepare_process's jax.config updates.
     from hopperjax.trainer import train
 
     try:

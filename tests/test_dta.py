@@ -23,7 +23,7 @@ from conftest import REPO
 from infer_helpers import predict_batch
 
 import hopperjax
-from hopperjax.data import ProcessShard, dta_batches, dta_pairs, dta_shards, molecules
+from hopperjax.data import ProcessShard, dta_batches, dta_shards, molecules
 from hopperjax.infer.quantize import quantize_restored
 from hopperjax.inspect import inspect_config
 from hopperjax.workloads import dta as dta_workload
@@ -59,7 +59,7 @@ def dta_config(tmp_path, *overrides: str) -> hopperjax.Config:
 
 def _pairs_batch(config, indices):
     """The pairs ``indices`` of the config's data as one batch of pairs (one row per pair)."""
-    data = dta_pairs.load_pairs(config)
+    data = dta_workload.load_pairs(config)
     drug_tokens, protein_tokens = data.tokens
     items = [data.pairs[int(i)] for i in indices]
     return {
@@ -208,7 +208,7 @@ def test_dedup_flops_saving_shows_in_the_inspect_report(tmp_path):
 
 def _mean_squared_error_of(config, params, indices):
     """MSE of the model with ``params`` over the pairs ``indices``, batched here, all at once."""
-    pairs = dta_pairs.load_pairs(config)
+    pairs = dta_workload.load_pairs(config)
     batch = _pairs_batch(config, indices)
     inputs = dta_batches.to_model_batch(
         batch, drug_rows=pairs.drugs, protein_rows=pairs.proteins, block=0, dedup=True
@@ -222,8 +222,8 @@ def _mean_squared_error_of(config, params, indices):
 
 def test_short_run_learns_and_scores_every_held_out_pair_once(tmp_path):
     config = dta_config(tmp_path, *RUN)
-    data = dta_pairs.load_pairs(config)
-    train_idx, eval_idx = dta_pairs.split_pairs(data.folds, len(data.pairs), config)
+    data = dta_workload.load_pairs(config)
+    train_idx, eval_idx = dta_workload.split_pairs(data.folds, len(data.pairs), config)
     assert len(eval_idx) == 70 and len(train_idx) == 630
     affinity = np.array([data.pairs[i]["affinity"] for i in range(len(data.pairs))], np.float64)
     # Predicting the training mean: what a model that learned nothing pair-specific scores.
@@ -454,7 +454,7 @@ def test_nan_in_y_at_a_pair_the_folds_use_is_blamed_on_y(tmp_path):
     root = _write_deepdta(tmp_path / "davis", full, full_folds)
     config = dta_config(tmp_path, "data.source=deepdta", f"data.path={root}")
     with pytest.raises(hopperjax.ConfigError) as e:
-        dta_pairs.load_pairs(config)
+        dta_workload.load_pairs(config)
     assert str(e.value) == (
         f"data.path: {root / 'Y'}: Y[2, 3] (drug 'D9', protein 'P3') is NaN, but the folds use "
         "every pair of the 4 x 6 matrix"
@@ -466,7 +466,7 @@ def test_nan_in_y_at_a_pair_the_folds_use_is_blamed_on_y(tmp_path):
     root = _write_deepdta(tmp_path / "kiba", pkd)
     config = dta_config(tmp_path, "data.source=deepdta", f"data.path={root}")
     with pytest.raises(hopperjax.ConfigError) as e:
-        dta_pairs.load_pairs(config)
+        dta_workload.load_pairs(config)
     assert str(e.value) == (
         f"data.path: {root / 'Y'}: NaN at a pair the folds use (they number 22 measured pairs, "
         "Y has 21; its NaN are at Y[0, 1], Y[1, 2], Y[3, 0])"
@@ -508,7 +508,7 @@ def test_a_test_split_without_folds_is_refused(tmp_path):
 def test_csv_header_with_a_byte_order_mark_and_a_directory_for_a_file(tmp_path):
     path = tmp_path / "pairs.csv"
     path.write_text("\ufeffSMILES,sequence,affinity\nCCO,MKV,5.5\nCCN,GTG,7\n", encoding="utf-8")
-    table = dta_pairs.load_table(
+    table = dta_workload.load_table(
         dta_config(tmp_path, "data.source=csv", f"data.path={path}", "data.pkd=false")
     )
     assert table.drugs == ["CCO", "CCN"] and table.affinity.tolist() == [5.5, 7.0]
@@ -584,8 +584,8 @@ def test_shards_refuse_a_run_that_reads_their_affinities_in_other_units(tmp_path
     assert dta_shards.read_shards(shards).unknown_chars == {"drug": "error", "protein": "error"}
     base = ["data.source=shards", f"data.path={shards}", "data.group_by=none"]
     with pytest.raises(hopperjax.ConfigError, match=r"data\.pkd: .* holds pKd .*, got False"):
-        dta_pairs.load_pairs(dta_config(tmp_path, *base, "data.pkd=false"))
-    assert dta_pairs.load_pairs(dta_config(tmp_path, *base)).pairs is not None
+        dta_workload.load_pairs(dta_config(tmp_path, *base, "data.pkd=false"))
+    assert dta_workload.load_pairs(dta_config(tmp_path, *base)).pairs is not None
 
 
 def test_grouping_needs_the_pair_table(tmp_path):
@@ -656,8 +656,8 @@ def test_standardized_targets_use_the_training_split_and_predict_in_the_data_uni
     config = dta_config(tmp_path, *overrides)
     result = hopperjax.train(config, console=False)
 
-    data = dta_pairs.load_pairs(config)
-    train_idx, _ = dta_pairs.split_pairs(data.folds, len(data.pairs), config)
+    data = dta_workload.load_pairs(config)
+    train_idx, _ = dta_workload.split_pairs(data.folds, len(data.pairs), config)
     y = np.asarray(data.pairs.take(train_idx)["affinity"], np.float64)
     stats = result.state.model_state["target_stats"]
     np.testing.assert_allclose(float(stats["mean"]), y.mean(), rtol=1e-6)
@@ -803,7 +803,7 @@ def test_an_ensemble_trains_each_member_on_its_own_loss_and_predicts_their_mean(
     single = dta_config(tmp_path, *RUN)
     with pytest.raises(hopperjax.ConfigError, match=r"model\.members"):
         dta_workload.AffinityRegression.validate_config(dta_config(tmp_path, "model.members=0"))
-    pairs = dta_pairs.load_pairs(config)
+    pairs = dta_workload.load_pairs(config)
     batch = _pairs_batch(config, np.arange(40))
     inputs = dta_batches.to_model_batch(
         batch, drug_rows=pairs.drugs, protein_rows=pairs.proteins, block=0, dedup=True

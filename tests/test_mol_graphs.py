@@ -12,10 +12,11 @@ from conftest import REPO
 
 import hopperjax
 from hopperjax.config import ConfigError
-from hopperjax.data import ProcessShard, dta_batches, dta_pairs, mol_graphs
+from hopperjax.data import ProcessShard, dta_batches, mol_graphs
 from hopperjax.data.molecules import DRUG_MOTIFS, DataError, fragment_smiles, motif_counts
 from hopperjax.models import dta as dta_model
 from hopperjax.precision import get_policy
+from hopperjax.workloads import dta as dta_workload
 
 ELEMENT, DEGREE, HYDROGENS, CHARGE, HYBRID, AROMATIC, RING = range(len(mol_graphs.ATOM_FEATURES))
 
@@ -262,7 +263,7 @@ def test_graph_batches_have_the_shapes_the_step_is_compiled_for(tmp_path, overri
     assert other["drug_atoms"].shape[0] <= rows * 96 and other["drug_bonds"].shape[0] <= rows * 384
     if "data.deduplicate=false" not in overrides:
         assert rows == 40  # every drug, once (40 is a multiple of 8)
-        atoms, _ = mol_graphs.graph_sizes(*dta_pairs.load_pairs(config).graphs)
+        atoms, _ = mol_graphs.graph_sizes(*dta_workload.load_pairs(config).graphs)
         assert other["drug_atoms"].shape[0] >= atoms.sum()
 
 

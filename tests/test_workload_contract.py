@@ -88,7 +88,8 @@ def test_the_builtin_workloads_are_found_by_name():
 
 @pytest.mark.parametrize("name", CASES)
 def test_trains_evaluates_resumes_exactly_and_restores_params(name, tmp_path):
-    straight = hopperjax.train(smoke_config(name, tmp_path / "run"), console=False)
+    run = smoke_config(name, tmp_path / "run", "train.keep_checkpoints=2")
+    straight = hopperjax.train(run, console=False)
     # Resume from the run's own step-2 checkpoint (its step-4 one taken away): steps 2 and 3 again,
     # from the restored state and data position, must be the straight run's. (Stopping at a step
     # and resuming, train.stop_after, is tests/test_train.py's; the checkpoint it stops on is the
@@ -96,7 +97,8 @@ def test_trains_evaluates_resumes_exactly_and_restores_params(name, tmp_path):
     checkpoints = tmp_path / "run" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir() if p.name.isdigit()) == ["2", "4"]
     shutil.rmtree(checkpoints / "4")
-    second = hopperjax.train(smoke_config(name, tmp_path / "run"), console=False)
+    second = hopperjax.train(run, console=False)
+    assert second.start_step == 2
 
     def losses(history):
         return {r["step"]: r["loss"] for r in history if "loss" in r}

@@ -1,4 +1,4 @@
-"""Drug-target binding affinity (DTA) data: loaders and tokenizers (pairs.py batches them).
+"""Drug-target binding affinity (DTA) data: loaders and tokenizers (dta_batches.py batches them).
 
 A ``DtaTable`` holds each distinct drug (SMILES) and protein (amino-acid sequence) once, plus one
 row per measured pair that points into them; Davis has 68 drugs and 442 proteins but 30,056 pairs,

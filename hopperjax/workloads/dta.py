@@ -1,8 +1,9 @@
 """Drug-target binding affinity regression (the flagship workload): pairs in, pKd out.
 
 Data: a DeepDTA directory, a CSV/TSV of (smiles, sequence, affinity), a synthetic set
-(``data/molecules.py``), or ArrayRecord shards of any of them (``data/dta_shards.py``). A batch
-holds each distinct drug and protein once plus, per pair, the rows it uses (``models/dta.py``).
+(``data/molecules.py``), or ArrayRecord shards of any of them (``data/dta_shards.py``), read and
+split into folds by ``workloads/_dta_pairs.py``. A batch holds each distinct drug and protein once
+plus, per pair, the rows it uses (``models/dta.py``).
 Train loss is the MSE; eval reports MSE, concordance index, rm2 and Pearson over the whole eval
 split (``scoring.py``), so the eval step returns predictions, not sums.
 """
@@ -25,11 +26,12 @@ from hopperjax import scoring
 from hopperjax.config import Config, ConfigError, RematConfig
 from hopperjax.data import dta_batches, mol_graphs
 from hopperjax.data.datasets import not_found
-from hopperjax.data.dta_pairs import load_pairs, split_pairs, tokenizers
 from hopperjax.models import dta as dta_model
 from hopperjax.models.transformer import BLOCK_ACTIVATIONS, BLOCK_DENSE_LAYERS
 from hopperjax.parallel.rules import LOGICAL_AXIS_RULES
 from hopperjax.precision import Policy
+from hopperjax.workloads._dta_pairs import load_pairs, split_pairs, tokenizers
+from hopperjax.workloads._dta_pairs import load_table as load_table  # re-exported
 from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload
 
 # Logical axes of the drugs' graph (``gin``): its atom slots and its directed-bond slots.

@@ -1,8 +1,11 @@
-"""The pairs of a drug-target affinity run, read as its data config says: a table in memory
-(DeepDTA directory, CSV/TSV, synthetic) or ArrayRecord shards, with the DeepDTA folds split into
-training and held-out pairs. Data errors become one-line ``ConfigError``s on the key at fault
-(``data.path``, ``data.valid_fold``, ...). ``config.data`` is the workload's data config
-(``workloads/dta.py``'s ``AffinityData``)."""
+"""The drug-target affinity workload's pairs (``workloads/dta.py`` uses and re-exports them):
+read as the run's config says (``data.source``: a DeepDTA directory, a CSV/TSV, a synthetic set,
+or ArrayRecord shards; ``model.drug_encoder: gin`` adds each drug's graph), then split into
+training and held-out pairs (DeepDTA's folds, or a seeded random ``data.eval_fraction``). Data
+errors become one-line ``ConfigError``s on the key at fault (``data.path``, ``data.valid_fold``,
+...). A module of the workload, not of ``data/``: it reads the run's config, which the sources it
+composes (``molecules``, ``mol_graphs``, ``dta_shards``, ``dta_batches``) never do. A
+``DataConfig`` here is the workload's ``AffinityData`` (not imported: that would be a cycle)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hopperjax.config import Config, ConfigError
+from hopperjax.config import Config, ConfigError, DataConfig
 from hopperjax.data import dta_batches, dta_shards, mol_graphs, molecules
 
 
@@ -60,7 +63,7 @@ def split_pairs(
         else:
             key, held, what = "data.valid_fold", train_folds[d.valid_fold], f"fold {d.valid_fold}"
         if not len(held):
-            raise ConfigError(key, f"{what} of {folds_file(d)} has no pairs to evaluate on")
+            raise ConfigError(key, f"{what} of {_folds_file(d)} has no pairs to evaluate on")
         return train.astype(np.int64), np.asarray(held, np.int64)
     where = {"deepdta": f"{d.path} has no folds/", "shards": f"{d.path} has no folds"}.get(
         d.source, f"data.source={d.source} has no folds"
@@ -82,7 +85,7 @@ def split_pairs(
     return np.sort(order[held:]), np.sort(order[:held])
 
 
-def folds_file(data: Any) -> Path:
+def _folds_file(data: DataConfig) -> Path:
     """Where the folds of ``data`` come from (for messages)."""
     if data.source == "shards":
         return Path(data.path) / dta_shards.META_NAME
@@ -95,7 +98,7 @@ def folds_file(data: Any) -> Path:
 class PairData:
     """A random-access source over all of a run's pairs, with what the batches need to know."""
 
-    pairs: Any  # dta_batches.PairSource or dta_shards.ArrayRecordPairs
+    pairs: Any  # dta_batches.PairIds (a table in memory) or dta_shards.ArrayRecordPairs
     drugs: int  # distinct drugs and proteins: they size the per-batch tables
     proteins: int
     folds: tuple[list[np.ndarray], np.ndarray] | None
@@ -108,7 +111,13 @@ class PairData:
 
 
 def load_pairs(config: Config) -> PairData:
-    """The run's pairs: a table in memory (DeepDTA, CSV, synthetic) or ArrayRecord shards."""
+    """The run's pairs: a table in memory (DeepDTA, CSV, synthetic) or ArrayRecord shards.
+
+    Raises:
+      ConfigError: unreadable or bad data (``data.path``), shards written with other token
+        lengths or targets than the config's (``data.drug_max_len``, ``data.protein_max_len``,
+        ``data.pkd``), or a molecule larger than the graph allows (``data.drug_max_atoms``).
+    """
     d = config.data
     try:
         if d.source == "shards":
@@ -161,7 +170,7 @@ def load_pairs(config: Config) -> PairData:
     )
 
 
-def tokenizers(data: Any) -> tuple[molecules.Tokenizer, molecules.Tokenizer]:
+def tokenizers(data: DataConfig) -> tuple[molecules.Tokenizer, molecules.Tokenizer]:
     """The (drug, protein) tokenizers the data config asks for."""
     return (
         molecules.Tokenizer(molecules.SMILES_CHARSET, data.drug_max_len, data.unknown_chars),
