@@ -98,9 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     _prepare_process(config)
 
-    from hopperjax.parallel import (
-        initialize_distributed,
-    )  # After _prepare_process's jax.config updates.
+    # Imported after _prepare_process's jax.config updates.
+    from hopperjax.parallel import initialize_distributed
     from hopperjax.trainer import train
 
     try:
