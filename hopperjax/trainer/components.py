@@ -40,9 +40,10 @@ from hopperjax.precision import PEAK_DTYPE, Policy, policy_from_config
 from hopperjax.precision.fp8 import check_backend
 from hopperjax.trainer.state import (
     TrainState,
-    create_train_state,
+    init_sharded,
+    initializer,
     model_variables,
-    state_shardings,
+    shardings_of,
 )
 from hopperjax.trainer.step import jit_steps
 from hopperjax.workloads.base import Workload
@@ -55,6 +56,8 @@ class Components:
     Attributes:
       workload: the run's workload, bound to ``config``.
       rules: the logical-axis rules (ours with the workload's ``axis_rules``).
+      init: makes a fresh (boxed) TrainState (``state.initializer``); traced once, for
+        ``abstract_state`` and again, from JAX's cache, for ``init_state``.
       abstract_state: the TrainState as ``jax.ShapeDtypeStruct`` leaves carrying their shardings.
       state_shardings: the NamedSharding tree of the TrainState.
       batch_sharding: the NamedSharding of every batch field (a dict like the batch).
@@ -71,6 +74,7 @@ class Components:
     model: nn.Module
     tx: optax.GradientTransformation
     datasets: Datasets
+    init: Callable[[], TrainState]
     abstract_state: TrainState
     state_shardings: Any
     batch_sharding: dict[str, NamedSharding]
@@ -114,20 +118,7 @@ class Components:
         """A fresh TrainState, created directly with its shardings on the mesh."""
         # Outside the mesh context on purpose: flax's scan evaluates constant parameter inits
         # eagerly, and a mesh in scope would make it constrain concrete arrays.
-        state, _ = create_train_state(
-            self.model,
-            self.tx,
-            self.mesh,
-            seed=self.config.seed,
-            example_inputs=self._example_inputs(),
-            shardings=self.state_shardings,
-            loss_scale=initial_loss_scale(self.config, self.policy),
-            compression=self.compression,
-        )
-        return state
-
-    def _example_inputs(self) -> tuple[Any, ...]:
-        return example_inputs(self.workload, self.batch_spec(self.config.train.batch_size))
+        return init_sharded(self.init, self.state_shardings)
 
     def generation_metrics(self, state: TrainState) -> dict[str, float]:
         """The workload's generation metrics for ``state``'s model (``train.generate_every``),
@@ -287,22 +278,21 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
     example = example_inputs(
         workload, {name: jax.ShapeDtypeStruct(f.shape, f.dtype) for name, f in fields.items()}
     )
-    loss_scale = initial_loss_scale(config, policy)
-    shapes = functools.partial(
-        state_shardings,
+    make_init = functools.partial(
+        initializer,
         model,
         tx,
-        mesh,
         seed=config.seed,
         example_inputs=example,
-        loss_scale=loss_scale,
-        rules=rules,
+        loss_scale=initial_loss_scale(config, policy),
     )
-    abstract, shardings = shapes()
+    init = make_init()
+    abstract, shardings = shardings_of(init, mesh, rules)
     _check_divisible(abstract)
     compression = _compression(config, mesh, workload, abstract)
     if compression is not None and compression.error_feedback:  # the residuals join the state
-        abstract, shardings = shapes(compression=compression)
+        init = make_init(compression=compression)
+        abstract, shardings = shardings_of(init, mesh, rules)
     offloaded = offload.offloaded_fields(config.offload)
     fetch = offload.make_fetch(shardings, offloaded)
     if offloaded:
@@ -330,6 +320,7 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
         model=model,
         tx=tx,
         datasets=datasets,
+        init=init,
         abstract_state=abstract,
         state_shardings=shardings,
         batch_sharding=batch_sharding,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -87,6 +89,51 @@ def _init_boxed(
     )
 
 
+def initializer(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    *,
+    seed: int,
+    example_inputs: Any,
+    loss_scale: float | None = None,
+    compression: Compression | None = None,
+) -> Callable[[], TrainState]:
+    """The function that makes a fresh state, leaves still boxed with their logical axes.
+
+    Pass the same object to ``shardings_of`` (its shapes) and ``init_sharded`` (its arrays):
+    JAX keys its trace cache on the function, so the model's init is traced once for both.
+    """
+    return functools.partial(_init_boxed, model, tx, seed, example_inputs, loss_scale, compression)
+
+
+def shardings_of(
+    init: Callable[[], TrainState], mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES
+) -> tuple[Any, Any]:
+    """Shapes before arrays: ``init``'s abstract state and its NamedShardings from ``rules``.
+
+    Returns:
+      (abstract state of ``jax.ShapeDtypeStruct`` with shardings attached, sharding tree).
+    """
+    boxed = jax.eval_shape(init)
+    logical_specs = nn.get_partition_spec(boxed)
+    shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
+    abstract = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        nn.meta.unbox(boxed),
+        shardings,
+    )
+    return abstract, shardings
+
+
+def init_sharded(init: Callable[[], TrainState], shardings: Any) -> TrainState:
+    """Runs ``init`` with its outputs placed by ``shardings`` (the unboxed state's tree, e.g.
+    from ``shardings_of``): each device computes only its own shards."""
+    boxed = jax.eval_shape(init)  # the cached trace when shardings_of saw the same ``init``
+    # The boxes are pytree nodes around the arrays: the same leaves, in the same order.
+    placed = jax.tree.unflatten(jax.tree.structure(boxed), jax.tree.leaves(shardings))
+    return nn.meta.unbox(jax.jit(init, out_shardings=placed)())
+
+
 def state_shardings(
     model: nn.Module,
     tx: optax.GradientTransformation,
@@ -98,25 +145,20 @@ def state_shardings(
     rules: Rules = LOGICAL_AXIS_RULES,
     compression: Compression | None = None,
 ) -> tuple[Any, Any]:
-    """Shapes before arrays: abstract state and its NamedShardings from the logical-axis rules.
+    """``shardings_of`` a fresh ``initializer`` (see there for the arguments).
 
     ``rules``: the run's rules table (``parallel.merge_rules`` of the workload's and ours).
     ``compression``: the run's gradient compression, whose residuals join the state.
-
-    Returns:
-      (abstract state of ``jax.ShapeDtypeStruct`` with shardings attached, sharding tree).
     """
-    boxed = jax.eval_shape(
-        lambda: _init_boxed(model, tx, seed, example_inputs, loss_scale, compression)
+    init = initializer(
+        model,
+        tx,
+        seed=seed,
+        example_inputs=example_inputs,
+        loss_scale=loss_scale,
+        compression=compression,
     )
-    logical_specs = nn.get_partition_spec(boxed)
-    shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
-    abstract = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        nn.meta.unbox(boxed),
-        shardings,
-    )
-    return abstract, shardings
+    return shardings_of(init, mesh, rules)
 
 
 def create_train_state(
@@ -144,21 +186,14 @@ def create_train_state(
     Returns:
       (state, sharding tree of the state).
     """
-    if shardings is None:
-        _, shardings = state_shardings(
-            model,
-            tx,
-            mesh,
-            seed=seed,
-            example_inputs=example_inputs,
-            loss_scale=loss_scale,
-            rules=rules,
-            compression=compression,
-        )
-    init = jax.jit(
-        lambda: nn.meta.unbox(
-            _init_boxed(model, tx, seed, example_inputs, loss_scale, compression)
-        ),
-        out_shardings=shardings,
+    init = initializer(
+        model,
+        tx,
+        seed=seed,
+        example_inputs=example_inputs,
+        loss_scale=loss_scale,
+        compression=compression,
     )
-    return init(), shardings
+    if shardings is None:
+        _, shardings = shardings_of(init, mesh, rules)
+    return init_sharded(init, shardings), shardings
