@@ -163,14 +163,21 @@ def test_nan_loss_names_the_steps(tiny_config):
         )
 
 
-def test_step_compiles_once_and_makes_no_hidden_transfers(tiny_config):
+def test_step_compiles_once_and_makes_no_hidden_transfers(tiny_config, monkeypatch):
     config = tiny_config()
     mesh = hopperjax.build_mesh(config.mesh)
     model = hopperjax.build_model(config)
     tx, schedule = hopperjax.build_optimizer(config.optim, total_steps=20, global_batch_size=16)
     batch_sharding = hopperjax.parallel.logical_sharding(mesh, ("batch", "length"))
     tokens = jax.ShapeDtypeStruct((16, 32), jnp.int32, sharding=batch_sharding)
+    traced = []  # the state's init is traced once: for its shardings and its arrays alike
+    init_boxed = hopperjax.trainer.state._init_boxed
+    monkeypatch.setattr(
+        hopperjax.trainer.state, "_init_boxed", lambda *a: traced.append(1) or init_boxed(*a)
+    )
     state, shardings = hopperjax.create_train_state(model, tx, mesh, seed=0, example_inputs=tokens)
+    assert len(traced) == 1
+    assert jax.tree.leaves(state)[1].sharding == jax.tree.leaves(shardings)[1]
     train_step, _ = hopperjax.jit_steps(
         model=model,
         tx=tx,
