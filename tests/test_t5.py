@@ -350,7 +350,7 @@ def test_t5_base_config_is_t5_base_sized_and_shards_every_matrix_over_fsdp_and_t
     from hopperjax.optim import build_optimizer
     from hopperjax.parallel import build_mesh, merge_rules
     from hopperjax.trainer.components import example_inputs
-    from hopperjax.trainer.state import state_shardings
+    from hopperjax.trainer.state import initializer, shardings_of
 
     overrides = [f"data.path={tmp_path}", "mesh.data=1", "mesh.fsdp=4", "mesh.tensor=2"]
     config = hopperjax.load_config(REPO / "configs" / "t5_base.yaml", overrides)
@@ -362,9 +362,8 @@ def test_t5_base_config_is_t5_base_sized_and_shards_every_matrix_over_fsdp_and_t
         workload, {k: jax.ShapeDtypeStruct(f.shape, f.dtype) for k, f in fields.items()}
     )
     mesh = build_mesh(config.mesh)
-    abstract, shardings = state_shardings(
-        model, tx, mesh, seed=0, example_inputs=example, rules=merge_rules(workload.axis_rules())
-    )
+    init = initializer(model, tx, seed=0, example_inputs=example)
+    abstract, shardings = shardings_of(init, mesh, merge_rules(workload.axis_rules()))
     params = jax.tree_util.tree_flatten_with_path(abstract.params)[0]
     count = sum(int(np.prod(leaf.shape)) for _, leaf in params)
     assert 215e6 < count < 230e6, count

@@ -7,7 +7,13 @@ from hopperjax.trainer.components import (
     build_model,
 )
 from hopperjax.trainer.loop import TrainResult, train
-from hopperjax.trainer.state import TrainState, create_train_state, state_shardings
+from hopperjax.trainer.state import (
+    TrainState,
+    create_train_state,
+    init_sharded,
+    initializer,
+    shardings_of,
+)
 from hopperjax.trainer.step import eval_step, jit_steps, train_step
 
 __all__ = [
@@ -19,8 +25,10 @@ __all__ = [
     "build_model",
     "create_train_state",
     "eval_step",
+    "init_sharded",
+    "initializer",
     "jit_steps",
-    "state_shardings",
+    "shardings_of",
     "train",
     "train_step",
 ]

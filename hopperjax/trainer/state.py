@@ -109,7 +109,8 @@ def initializer(
 def shardings_of(
     init: Callable[[], TrainState], mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES
 ) -> tuple[Any, Any]:
-    """Shapes before arrays: ``init``'s abstract state and its NamedShardings from ``rules``.
+    """Shapes before arrays: ``init``'s abstract state and its NamedShardings from ``rules``
+    (the run's table: ``parallel.merge_rules`` of the workload's and ours).
 
     Returns:
       (abstract state of ``jax.ShapeDtypeStruct`` with shardings attached, sharding tree).
@@ -134,33 +135,6 @@ def init_sharded(init: Callable[[], TrainState], shardings: Any) -> TrainState:
     return nn.meta.unbox(jax.jit(init, out_shardings=placed)())
 
 
-def state_shardings(
-    model: nn.Module,
-    tx: optax.GradientTransformation,
-    mesh: Mesh,
-    *,
-    seed: int,
-    example_inputs: Any,
-    loss_scale: float | None = None,
-    rules: Rules = LOGICAL_AXIS_RULES,
-    compression: Compression | None = None,
-) -> tuple[Any, Any]:
-    """``shardings_of`` a fresh ``initializer`` (see there for the arguments).
-
-    ``rules``: the run's rules table (``parallel.merge_rules`` of the workload's and ours).
-    ``compression``: the run's gradient compression, whose residuals join the state.
-    """
-    init = initializer(
-        model,
-        tx,
-        seed=seed,
-        example_inputs=example_inputs,
-        loss_scale=loss_scale,
-        compression=compression,
-    )
-    return shardings_of(init, mesh, rules)
-
-
 def create_train_state(
     model: nn.Module,
     tx: optax.GradientTransformation,
@@ -178,10 +152,10 @@ def create_train_state(
     Args:
       example_inputs: shape/dtype of the model's input, e.g. ``ShapeDtypeStruct((B, T), int32)``,
         or a tuple of such trees for a model with several (or structured) inputs.
-      shardings: the state's sharding tree if already derived (``state_shardings``).
+      shardings: the state's sharding tree if already derived (``shardings_of``).
       loss_scale: initial loss scale when the policy scales the loss, else None.
       rules: the logical-axis rules, when ``shardings`` is not given.
-      compression: the run's gradient compression (its residuals start at zero).
+      compression: the run's gradient compression, whose residuals join the state (at zero).
 
     Returns:
       (state, sharding tree of the state).
