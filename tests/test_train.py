@@ -177,7 +177,11 @@ def test_step_compiles_once_and_makes_no_hidden_transfers(tiny_config, monkeypat
     )
     state, shardings = hopperjax.create_train_state(model, tx, mesh, seed=0, example_inputs=tokens)
     assert len(traced) == 1
-    assert jax.tree.leaves(state)[1].sharding == jax.tree.leaves(shardings)[1]
+    placed = zip(jax.tree.leaves(state), jax.tree.leaves(shardings), strict=True)
+    assert all(array.sharding == sharding for array, sharding in placed)
+    parts = hopperjax.build_components(config)  # a run's path: the init kept on its components
+    jax.block_until_ready(parts.init_state())
+    assert len(traced) == 2
     train_step, _ = hopperjax.jit_steps(
         model=model,
         tx=tx,

@@ -57,7 +57,8 @@ class Components:
       workload: the run's workload, bound to ``config``.
       rules: the logical-axis rules (ours with the workload's ``axis_rules``).
       init: makes a fresh (boxed) TrainState (``state.initializer``); traced once, for
-        ``abstract_state`` and again, from JAX's cache, for ``init_state``.
+        ``abstract_state``, and that trace reused from JAX's cache by ``init_state`` (with
+        error-feedback compression, the compression-less init is traced first as well).
       abstract_state: the TrainState as ``jax.ShapeDtypeStruct`` leaves carrying their shardings.
       state_shardings: the NamedSharding tree of the TrainState.
       batch_sharding: the NamedSharding of every batch field (a dict like the batch).

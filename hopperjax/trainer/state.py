@@ -101,7 +101,13 @@ def initializer(
     """The function that makes a fresh state, leaves still boxed with their logical axes.
 
     Pass the same object to ``shardings_of`` (its shapes) and ``init_sharded`` (its arrays):
-    JAX keys its trace cache on the function, so the model's init is traced once for both.
+    JAX keys its trace cache on the function (and the context: call both outside a mesh, or
+    both inside the same one), so the model's init is traced once for both.
+
+    Args:
+      example_inputs: shape/dtype of the model's input (see ``create_train_state``).
+      loss_scale: initial loss scale when the policy scales the loss, else None.
+      compression: the run's gradient compression, whose residuals join the state (at zero).
     """
     return functools.partial(_init_boxed, model, tx, seed, example_inputs, loss_scale, compression)
 
@@ -130,9 +136,12 @@ def init_sharded(init: Callable[[], TrainState], shardings: Any) -> TrainState:
     """Runs ``init`` with its outputs placed by ``shardings`` (the unboxed state's tree, e.g.
     from ``shardings_of``): each device computes only its own shards."""
     boxed = jax.eval_shape(init)  # the cached trace when shardings_of saw the same ``init``
-    # The boxes are pytree nodes around the arrays: the same leaves, in the same order.
+    # The boxes are pytree nodes around the arrays: the same leaves, in the same order. The
+    # arrays are taken out of them by structure, not by ``nn.meta.unbox``, which under a mesh
+    # would constrain each one again (and so move host-offloaded fields back to the device).
     placed = jax.tree.unflatten(jax.tree.structure(boxed), jax.tree.leaves(shardings))
-    return nn.meta.unbox(jax.jit(init, out_shardings=placed)())
+    arrays = jax.jit(init, out_shardings=placed)()
+    return jax.tree.unflatten(jax.tree.structure(shardings), jax.tree.leaves(arrays))
 
 
 def create_train_state(
