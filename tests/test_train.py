@@ -163,14 +163,20 @@ def test_nan_loss_names_the_steps(tiny_config):
         )
 
 
-def test_step_compiles_once_and_makes_no_hidden_transfers(tiny_config, monkeypatch):
-    config = tiny_config()
+def _state_parts(config):
+    """Mesh, model, optimizer and schedule of ``config``, the batch sharding and a token spec."""
     mesh = hopperjax.build_mesh(config.mesh)
     model = hopperjax.build_model(config)
     tx, schedule = hopperjax.build_optimizer(config.optim, total_steps=20, global_batch_size=16)
     batch_sharding = hopperjax.parallel.logical_sharding(mesh, ("batch", "length"))
     tokens = jax.ShapeDtypeStruct((16, 32), jnp.int32, sharding=batch_sharding)
-    traced = []  # the state's init is traced once: for its shardings and its arrays alike
+    return mesh, model, tx, schedule, batch_sharding, tokens
+
+
+def test_the_state_init_is_traced_once_and_placed_by_its_shardings(tiny_config, monkeypatch):
+    config = tiny_config()
+    mesh, model, tx, _, _, tokens = _state_parts(config)
+    traced = []  # one trace serves the init's shardings (eval_shape) and its arrays (jit)
     init_boxed = hopperjax.trainer.state._init_boxed
     monkeypatch.setattr(
         hopperjax.trainer.state, "_init_boxed", lambda *a: traced.append(1) or init_boxed(*a)
@@ -182,6 +188,16 @@ def test_step_compiles_once_and_makes_no_hidden_transfers(tiny_config, monkeypat
     parts = hopperjax.build_components(config)  # a run's path: the init kept on its components
     jax.block_until_ready(parts.init_state())
     assert len(traced) == 2
+    with pytest.raises(ValueError, match="pass the state's whole sharding tree"):
+        hopperjax.create_train_state(
+            model, tx, mesh, seed=0, example_inputs=tokens, shardings=shardings.params
+        )
+
+
+def test_step_compiles_once_and_makes_no_hidden_transfers(tiny_config):
+    config = tiny_config()
+    mesh, model, tx, schedule, batch_sharding, tokens = _state_parts(config)
+    state, shardings = hopperjax.create_train_state(model, tx, mesh, seed=0, example_inputs=tokens)
     train_step, _ = hopperjax.jit_steps(
         model=model,
         tx=tx,

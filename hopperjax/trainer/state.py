@@ -134,14 +134,24 @@ def shardings_of(
 
 def init_sharded(init: Callable[[], TrainState], shardings: Any) -> TrainState:
     """Runs ``init`` with its outputs placed by ``shardings`` (the unboxed state's tree, e.g.
-    from ``shardings_of``): each device computes only its own shards."""
+    from ``shardings_of``): each device computes only its own shards.
+
+    Raises:
+      ValueError: ``shardings`` is not one sharding per array of the state (e.g. a prefix tree).
+    """
     boxed = jax.eval_shape(init)  # the cached trace when shardings_of saw the same ``init``
     # The boxes are pytree nodes around the arrays: the same leaves, in the same order. The
     # arrays are taken out of them by structure, not by ``nn.meta.unbox``, which under a mesh
     # would constrain each one again (and so move host-offloaded fields back to the device).
-    placed = jax.tree.unflatten(jax.tree.structure(boxed), jax.tree.leaves(shardings))
-    arrays = jax.jit(init, out_shardings=placed)()
-    return jax.tree.unflatten(jax.tree.structure(shardings), jax.tree.leaves(arrays))
+    arrays, placements = jax.tree.leaves(boxed), jax.tree.leaves(shardings)
+    if len(placements) != len(arrays):
+        raise ValueError(
+            f"shardings: {len(placements)} shardings for the state's {len(arrays)} arrays; pass "
+            "the state's whole sharding tree (shardings_of)"
+        )
+    placed = jax.tree.unflatten(jax.tree.structure(boxed), placements)
+    state = jax.jit(init, out_shardings=placed)()
+    return jax.tree.unflatten(jax.tree.structure(shardings), jax.tree.leaves(state))
 
 
 def create_train_state(
@@ -168,6 +178,9 @@ def create_train_state(
 
     Returns:
       (state, sharding tree of the state).
+
+    Raises:
+      ValueError: ``shardings`` is not the state's whole sharding tree.
     """
     init = initializer(
         model,
