@@ -2,7 +2,8 @@
 
     python experiments/translation_benchmark.py [--config configs/multi30k_t5.yaml]
         [--seeds 0] [--test-split test_2016_flickr] [--beams 4] [--length-penalty 0.6]
-        [--average N] [--out runs/translation_benchmark] [key=value ...]
+        [--average N] [--choose curve|validation] [--out runs/translation_benchmark]
+        [key=value ...]
 
 Per seed: one ``hopperjax.train`` of the recipe, which scores BLEU on the first
 ``data.generate_pairs`` validation pairs at every evaluation (``train.generate_every`` is set to
@@ -15,8 +16,12 @@ and beside it the BLEU of Moses-tokenized, lowercased text that the Multi30k lit
 (``hopperjax.scoring.moses_bleu``; added to a kept seed's record from its hypotheses file).
 ``--average N`` scores the mean parameters of the N kept checkpoints up to the chosen one
 (checkpoint averaging, ``hopperjax.restore_params(..., average=N)``; fewer when fewer precede
-it, and the table's step cell names them). ``train.stop_after`` is refused: a seed is scored
-once, when its run has finished; stop one with a signal and the same command resumes it.
+it, and the table's step cell names them). ``--choose validation`` replaces the curve's choice:
+the last checkpoint alone and the mean of the last N are each decoded on the whole validation
+split (``data.eval_split``), and the one with the higher sacrebleu BLEU is scored on the test
+split (the last alone on a tie); the record keeps both candidates' BLEU. ``train.stop_after``
+is refused: a seed is scored once, when its run has finished; stop one with a signal and the
+same command resumes it.
 Seeds already in ``OUT/results.json`` are kept, and a seed whose run stopped part way resumes
 from its newest checkpoint (the trainer's exact resume; its curve and step times come from the
 run's ``metrics.jsonl``, every process's).
@@ -33,6 +38,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -84,16 +90,18 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
     test = pt.read_pairs(d.path, args.test_split, d.source_lang, d.target_lang)
     curve = [(r["step"], r["eval_bleu"]) for r in history if "eval_bleu" in r]
     steps = checkpoint_steps(run_dir)
-    best = best_step(curve, steps)
-    # Averages what there is when fewer than --average checkpoints precede the chosen one (the
-    # record's "averaged" says which): a finished run is not thrown away for want of one.
-    average = min(args.average, len([s for s in steps if s <= best]))
+    choice = {}
+    if args.choose == "validation":
+        choice = validation_choice(args, run_dir, steps, tokenizer, d)
+        best, average = steps[-1], max(choice, key=lambda n: (choice[n], -n))
+    else:
+        best = best_step(curve, steps)
+        # Averages what there is when fewer than --average checkpoints precede the chosen one
+        # (the record's "averaged" says which): a finished run is not thrown away for want of one.
+        average = min(args.average, len([s for s in steps if s <= best]))
     restored = restore_params(run_dir, best, average=average)
     decode_start = time.perf_counter()
-    hyps = restored.workload.translate(
-        restored.model, restored.variables, tokenizer, test.sources, beams=args.beams,
-        length_penalty=args.length_penalty,
-    )  # fmt: skip
+    hyps = _translate(restored, tokenizer, test.sources, args)
     decode_s = time.perf_counter() - decode_start
     (out / f"seed{seed}.{args.test_split}.hyp").write_text("\n".join(hyps) + "\n")
     evals = [r for r in history if "eval_loss" in r]
@@ -104,6 +112,9 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
         "averaged": list(restored.averaged),
         "last_step": steps[-1],
         "val_bleu": dict(curve).get(best),
+        # --choose validation: the whole validation split's BLEU per number of checkpoints
+        # averaged (1: the last alone); absent for the curve's choice.
+        **({"val_split_bleu": {str(n): b for n, b in choice.items()}} if choice else {}),
         "test": {
             **translation_scores(hyps, test.targets),
             "bleu_moses": moses_bleu(hyps, test.targets, d.target_lang),
@@ -149,6 +160,31 @@ def _add_moses_bleu(record: dict, args: argparse.Namespace, out: Path) -> bool:
     return True
 
 
+def _translate(
+    restored: Any, tokenizer: pt.Tokenizer, sources: list[str], args: argparse.Namespace
+) -> list[str]:
+    return restored.workload.translate(
+        restored.model, restored.variables, tokenizer, sources, beams=args.beams,
+        length_penalty=args.length_penalty,
+    )  # fmt: skip
+
+
+def validation_choice(
+    args: argparse.Namespace, run_dir: Path, steps: list[int], tokenizer: pt.Tokenizer, data: Any
+) -> dict[int, float]:
+    """``--choose validation``: sacrebleu BLEU on the whole validation split of the last
+    checkpoint alone (key 1) and of the mean of the last ``--average`` kept ones (fewer when
+    fewer are kept), decoded as the test split is."""
+    val = pt.read_pairs(data.path, data.eval_split, data.source_lang, data.target_lang)
+    scores = {}
+    for n in sorted({1, min(args.average, len(steps))}):
+        restored = restore_params(run_dir, steps[-1], average=n)
+        hyps = _translate(restored, tokenizer, val.sources, args)
+        scores[n] = translation_scores(hyps, val.targets)["bleu"]
+        del restored  # one candidate's parameters at a time
+    return scores
+
+
 def best_step(curve: list[tuple[int, float]], checkpoints: list[int]) -> int:
     """The checkpointed step with the highest validation BLEU (the earliest of equals); the
     newest checkpoint when no BLEU step has one."""
@@ -182,7 +218,7 @@ def write_table(runs: list[dict], header: str, path: Path) -> str:
         f"{moses.std():.2f} | {len(runs)} |",
         "| Transformer-tiny, text only (Wu et al. 2021, ACL; fairseq BLEU of Moses-tokenized, "
         "lowercased text) | – | – | – | 41.02 | – |",
-        "", "| seed | step (best val BLEU) | val BLEU | test BLEU | test chrF | final val loss "
+        "", "| seed | step (chosen) | val BLEU | test BLEU | test chrF | final val loss "
         "| final val token acc | training steps s | decode s | s/step |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]  # fmt: skip
@@ -202,9 +238,16 @@ def write_table(runs: list[dict], header: str, path: Path) -> str:
 
 
 def _mean_of(record: dict) -> str:
-    """The step cell's note when the scored parameters were a mean of checkpoints."""
+    """The step cell's note when the scored parameters were a mean of checkpoints, and the
+    whole validation split's BLEU of each candidate when it chose."""
     averaged = record.get("averaged") or [record["step"]]
-    return f" (mean of {', '.join(map(str, averaged))})" if len(averaged) > 1 else ""
+    note = f" (mean of {', '.join(map(str, averaged))})" if len(averaged) > 1 else ""
+    if choice := record.get("val_split_bleu"):
+        cells = ", ".join(
+            f"{'last' if n == '1' else f'mean of {n}'} {b:.2f}" for n, b in choice.items()
+        )
+        note += f"; whole val BLEU: {cells}"
+    return note
 
 
 def plot(runs: list[dict], path: Path) -> None:
@@ -234,11 +277,20 @@ def main(argv: list[str] | None = None) -> int:
         help="score the mean parameters of the N kept checkpoints up to the chosen one "
         "(checkpoint averaging; 1: the chosen checkpoint's own)",
     )  # fmt: skip
+    parser.add_argument(
+        "--choose", choices=("curve", "validation"), default="curve",
+        help="curve: the checkpoint of the best validation BLEU on data.generate_pairs pairs; "
+        "validation: the last checkpoint or the mean of the last --average, by BLEU on the "
+        "whole validation split",
+    )  # fmt: skip
     parser.add_argument("--out", default="runs/translation_benchmark")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_intermixed_args(argv)
     if args.average < 1:
         parser.error(f"--average: expected a positive number of checkpoints, got {args.average}")
+    if args.choose == "validation" and args.average < 2:
+        parser.error("--choose validation: compares the last checkpoint with the mean of the last "
+                     "--average N; give N >= 2")  # fmt: skip
     if importlib.util.find_spec("sacremoses") is None:  # before hours of training, not after
         print("translation_benchmark: scoring needs sacremoses (pip install "
               "'hopperjax[translate]')", file=sys.stderr)  # fmt: skip

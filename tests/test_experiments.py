@@ -305,6 +305,17 @@ def test_translation_benchmark_resumes_a_stopped_seed_from_its_checkpoint(
     assert run["averaged"] == [run["step"]]
     (kept,) = json.loads((out / "results.json").read_text())
     assert kept["test"]["bleu_moses"] == scored
+    # --choose validation: the last checkpoint or the mean of the last two, whichever has the
+    # higher BLEU on the whole validation split (40 pairs here); both recorded, that one scored.
+    with pytest.raises(SystemExit):  # nothing to compare the last checkpoint with
+        benchmark.main([*argv, "--choose", "validation"])
+    (out / "results.json").unlink()
+    assert benchmark.main([*argv, "--choose", "validation", "--average", "2"]) == 0
+    (chosen,) = json.loads((out / "results.json").read_text())
+    bleu = chosen["val_split_bleu"]
+    assert sorted(bleu) == ["1", "2"] and chosen["step"] == 4
+    assert len(chosen["averaged"]) == int(max(bleu, key=lambda n: (bleu[n], -int(n))))
+    assert "whole val BLEU: last" in (out / "table.md").read_text()
     # Refused in one line before any training: a scored run must have finished, and --average.
     stop = [*argv[:3], "1", *argv[4:], "train.stop_after=2"]
     assert benchmark.main(stop) == 2
