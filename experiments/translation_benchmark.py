@@ -87,13 +87,15 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
     history = _history(run_dir / "metrics.jsonl")
     d = config.data
     tokenizer = pt.Tokenizer.load(run_dir / "spm.model")
-    test = pt.read_pairs(d.path, args.test_split, d.source_lang, d.target_lang)
+    test = pt.read_pairs(
+        d.path, args.test_split, d.source_lang, d.target_lang, bad_records=d.bad_records
+    )
     curve = [(r["step"], r["eval_bleu"]) for r in history if "eval_bleu" in r]
     steps = checkpoint_steps(run_dir)
     choice = {}
     if args.choose == "validation":
         choice = validation_choice(args, run_dir, steps, tokenizer, d)
-        best, average = steps[-1], max(choice, key=lambda n: (choice[n], -n))
+        best, average = steps[-1], chosen_average(choice)
     else:
         best = best_step(curve, steps)
         # Averages what there is when fewer than --average checkpoints precede the chosen one
@@ -110,6 +112,7 @@ def run_seed(args: argparse.Namespace, overrides: list[str], seed: int, out: Pat
         "seed": seed,
         "step": best,
         "averaged": list(restored.averaged),
+        "choose": args.choose,
         "last_step": steps[-1],
         "val_bleu": dict(curve).get(best),
         # --choose validation: the whole validation split's BLEU per number of checkpoints
@@ -174,8 +177,12 @@ def validation_choice(
 ) -> dict[int, float]:
     """``--choose validation``: sacrebleu BLEU on the whole validation split of the last
     checkpoint alone (key 1) and of the mean of the last ``--average`` kept ones (fewer when
-    fewer are kept), decoded as the test split is."""
-    val = pt.read_pairs(data.path, data.eval_split, data.source_lang, data.target_lang)
+    fewer are kept; a signal's off-cadence checkpoint counts among them, and the record's
+    ``averaged`` lists the steps), decoded as the test split is."""
+    val = pt.read_pairs(
+        data.path, data.eval_split, data.source_lang, data.target_lang,
+        bad_records=data.bad_records,
+    )  # fmt: skip
     scores = {}
     for n in sorted({1, min(args.average, len(steps))}):
         restored = restore_params(run_dir, steps[-1], average=n)
@@ -183,6 +190,12 @@ def validation_choice(
         scores[n] = translation_scores(hyps, val.targets)["bleu"]
         del restored  # one candidate's parameters at a time
     return scores
+
+
+def chosen_average(scores: dict[int, float]) -> int:
+    """How many checkpoints to average, from ``validation_choice``'s BLEU per count: the highest
+    BLEU, the fewest checkpoints among equals (the last one alone on a tie)."""
+    return max(scores, key=lambda n: (scores[n], -n))
 
 
 def best_step(curve: list[tuple[int, float]], checkpoints: list[int]) -> int:
@@ -244,7 +257,7 @@ def _mean_of(record: dict) -> str:
     note = f" (mean of {', '.join(map(str, averaged))})" if len(averaged) > 1 else ""
     if choice := record.get("val_split_bleu"):
         cells = ", ".join(
-            f"{'last' if n == '1' else f'mean of {n}'} {b:.2f}" for n, b in choice.items()
+            f"{'last' if n == '1' else f'last {n} averaged'} {b:.2f}" for n, b in choice.items()
         )
         note += f"; whole val BLEU: {cells}"
     return note
@@ -303,6 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         if seed in done:
             print(f"seed {seed}: kept from {results}", flush=True)
+            rule = done[seed].get("choose", "curve")  # records before the option: the curve's
+            if rule != args.choose:
+                print(f"seed {seed}: its record was chosen by --choose {rule}, not "
+                      f"{args.choose}; delete it from {results} to score it again",
+                      flush=True)  # fmt: skip
             if _add_moses_bleu(done[seed], args, out):
                 _save(done, results)
             continue

@@ -305,17 +305,34 @@ def test_translation_benchmark_resumes_a_stopped_seed_from_its_checkpoint(
     assert run["averaged"] == [run["step"]]
     (kept,) = json.loads((out / "results.json").read_text())
     assert kept["test"]["bleu_moses"] == scored
-    # --choose validation: the last checkpoint or the mean of the last two, whichever has the
-    # higher BLEU on the whole validation split (40 pairs here); both recorded, that one scored.
-    with pytest.raises(SystemExit):  # nothing to compare the last checkpoint with
+    # --choose validation: the whole validation split's BLEU of the last checkpoint and of the
+    # mean of the last two (40 pairs: after 4 steps both may well score 0, so the choice is
+    # given here, and the rule is checked below on its own).
+    with pytest.raises(SystemExit) as refused:  # nothing to compare the last checkpoint with
         benchmark.main([*argv, "--choose", "validation"])
+    assert refused.value.code == 2 and "--choose validation" in capsys.readouterr().err
     (out / "results.json").unlink()
+    real = benchmark.validation_choice
+    asked = []
+
+    def given(args, run_dir, steps, tokenizer, data):
+        asked.append(real(args, run_dir, steps, tokenizer, data))  # it decodes both
+        return {1: 10.0, 2: 12.0}
+
+    monkeypatch.setattr(benchmark, "validation_choice", given)
     assert benchmark.main([*argv, "--choose", "validation", "--average", "2"]) == 0
+    assert sorted(asked[0]) == [1, 2]
     (chosen,) = json.loads((out / "results.json").read_text())
-    bleu = chosen["val_split_bleu"]
-    assert sorted(bleu) == ["1", "2"] and chosen["step"] == 4
-    assert len(chosen["averaged"]) == int(max(bleu, key=lambda n: (bleu[n], -int(n))))
-    assert "whole val BLEU: last" in (out / "table.md").read_text()
+    assert chosen["val_split_bleu"] == {"1": 10.0, "2": 12.0} and chosen["choose"] == "validation"
+    assert chosen["step"] == 4 and chosen["averaged"] == [2, 4]
+    assert "whole val BLEU: last 10.00, last 2 averaged 12.00" in (out / "table.md").read_text()
+    capsys.readouterr()
+    assert benchmark.main(argv) == 0  # the curve's rule asked of a record chosen otherwise
+    assert "chosen by --choose validation, not curve" in capsys.readouterr().out
+    assert benchmark.chosen_average({1: 30.0, 2: 31.0}) == 2
+    assert benchmark.chosen_average({1: 31.0, 3: 30.0}) == 1
+    assert benchmark.chosen_average({1: 30.0, 3: 30.0}) == 1  # a tie: the last one alone
+    assert benchmark.chosen_average({1: 30.0}) == 1
     # Refused in one line before any training: a scored run must have finished, and --average.
     stop = [*argv[:3], "1", *argv[4:], "train.stop_after=2"]
     assert benchmark.main(stop) == 2
