@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-from hopperjax import supervise
+from hopperjax import supervise, xla_cpu
 from hopperjax.checkpoint import CheckpointError
 from hopperjax.config import Config, ConfigError, dump_yaml, load_config
 from hopperjax.data.errors import DataError
@@ -64,9 +64,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _prepare_process(config: Config) -> None:
     """What this process sets before any backend starts (XLA reads its flags once)."""
-    line = overlap.apply(config.comm.overlap)  # parallel/overlap.py
-    if line:
-        print(line, flush=True)
+    for line in (
+        overlap.apply(config.comm.overlap),  # parallel/overlap.py
+        xla_cpu.apply(config.cpu_convolutions),  # xla_cpu.py
+    ):
+        if line:
+            print(line, flush=True)
     # orbax logs a failed background save as several tracebacks, and its writer threads may then
     # call into a closed event loop; the loop reports the failure as one line.
     logging.getLogger("absl").addFilter(_not_orbax_errors)

@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 
+from hopperjax import xla_cpu
 from hopperjax.config import Config, ConfigError, load_config
 from hopperjax.memory import budget, offload
 from hopperjax.observe import hlo as hlo_lib
@@ -339,12 +340,17 @@ def main(argv: list[str] | None = None, *, out: Callable[[str], None] = print) -
     args = parser.parse_intermixed_args(argv)
     try:
         config = load_config(args.config, args.overrides)
-        try:  # the compiled schedule depends on the overlap flags, as in training
-            line = overlap.apply(config.comm.overlap)
-        except RuntimeError:  # called in a process whose JAX is already running
-            line = f"hopperjax: comm.overlap={config.comm.overlap} not applied: JAX already started"
-        if line:
-            print(line, file=sys.stderr)
+        # The compiled program depends on these flags, as in training.
+        for key, value, apply in (
+            ("comm.overlap", config.comm.overlap, overlap.apply),
+            ("cpu_convolutions", config.cpu_convolutions, xla_cpu.apply),
+        ):
+            try:
+                line = apply(value)
+            except RuntimeError:  # called in a process whose JAX is already running
+                line = f"hopperjax: {key}={value} not applied: JAX already started"
+            if line:
+                print(line, file=sys.stderr)
         report = inspect_config(config, hlo_path=args.hlo)
     except ConfigError as e:
         print(f"hopperjax: config error: {e}", file=sys.stderr)

@@ -34,5 +34,9 @@ def _test_xla_flags() -> str:
 
 
 def xla_flags(devices: int) -> str:
-    """XLA_FLAGS for a test process with this many fake CPU devices."""
-    return f"--xla_force_host_platform_device_count={devices} {_test_xla_flags()}"
+    """XLA_FLAGS for a test process with this many fake CPU devices, and the convolutions of the
+    default ``cpu_convolutions`` (as the CLI would set them; hopperjax/xla_cpu.py)."""
+    from hopperjax import xla_cpu  # imports JAX, which reads XLA_FLAGS only when a backend starts
+
+    convs = " ".join(xla_cpu.FLAGS["eigen"]) if xla_cpu.jaxlib_knows_flag() else ""
+    return f"--xla_force_host_platform_device_count={devices} {_test_xla_flags()} {convs}".strip()

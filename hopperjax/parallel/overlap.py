@@ -3,7 +3,8 @@
 XLA reads ``XLA_FLAGS`` once, when JAX starts its first backend, so the entry points
 (``hopperjax.train``, ``hopperjax.inspect``) call ``apply`` right after reading the config and
 before anything touches a device, print what it set on their first console line, and the run's
-``config.yaml`` records the mode. Nothing else in hopperjax sets flags.
+``config.yaml`` records the mode. The only other flag hopperjax sets is ``cpu_convolutions``'s
+(``xla_cpu.py``), in the same places.
 
 - ``default``: nothing is set; XLA's own scheduling (on GPUs it already runs collectives
   asynchronously; recent XLA pipelines data-parallel collectives at its higher optimization

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hopperjax import config as config_lib
-from hopperjax import files
+from hopperjax import files, xla_cpu
 from hopperjax.checkpoint import Checkpointer, CheckpointError
 from hopperjax.config import Config, ConfigError
 from hopperjax.data import DevicePrefetcher, make_iterator, position_problem, run_alone
@@ -197,6 +197,9 @@ def train(
         and the last good checkpoint).
     """
     config_lib.validate(config)  # again: a config built or changed in Python skips load_config
+    line = _apply_cpu_convolutions(config.cpu_convolutions)  # before JAX starts, where it has not
+    if line and console:
+        print(line, file=sys.stderr, flush=True)
     run_dir = config.run_path
     primary = jax.process_index() == 0
     with contextlib.ExitStack() as stack:
@@ -211,6 +214,21 @@ def train(
             except OSError as e:
                 raise ConfigError("run_dir", f"cannot write to {run_dir}: {e.strerror}") from None
         return _train(config, run_dir, devices, console=console, primary=primary)
+
+
+def _apply_cpu_convolutions(mode: str) -> str | None:
+    """``xla_cpu.apply`` for a library caller (the CLI has applied it already): the line to print,
+    if any. Where JAX started before, the flag could not be set; that matters on CPU only."""
+    try:
+        return xla_cpu.apply(mode)
+    except RuntimeError:
+        if jax.default_backend() != "cpu":
+            return None
+        flags = " ".join(xla_cpu.FLAGS[mode])
+        return (
+            f"hopperjax: cpu_convolutions={mode} not applied: JAX started before "
+            f"hopperjax.train (set XLA_FLAGS={flags} before it starts)"
+        )
 
 
 def _train(
