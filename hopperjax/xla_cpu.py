@@ -1,9 +1,10 @@
 """``cpu_convolutions``: the library XLA:CPU runs convolutions with, set before JAX starts.
 
 jaxlib 0.10's XLA:CPU hands convolutions to YNNPACK (its "library fusions") by default. On the
-shapes of a ResNet that is slow for the weight gradient: 11-14 GFLOP/s for ResNet-9's 32x32 layers
-at batch 64 on 2 AMD EPYC cores, 28-111 for its others, against 78-162 GFLOP/s for the same
-gradients from XLA's own convolution (Eigen's), which also runs most input gradients faster
+shapes of a ResNet that is slow for the weight gradient: ResNet-9's weight gradients at batch 64
+on 2 AMD EPYC cores ran at 11-111 GFLOP/s (its 32x32 64 -> 128 layer's at 11: 858 ms) against
+24-162 GFLOP/s (78: 125 ms) from XLA's own convolution (Eigen's), which also runs most input
+gradients faster
 (``tools/conv_bench.py``; docs/images.md has the table and the whole step: 29.6 s -> 10.8 s,
 PyTorch's 10.1 s). So:
 
