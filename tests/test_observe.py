@@ -186,6 +186,31 @@ def test_summary_of_a_cpu_style_trace_uses_self_times(tmp_path):
     assert totals == pytest.approx({"all-reduce": 40.0, "while.1": 30.0, "fusion": 20.0})
 
 
+def test_a_cpu_op_that_runs_async_lasts_until_its_end_marker(tmp_path):
+    """An Eigen convolution's event covers its dispatch only; its ``end:`` marker says when its
+    work finished. The ops its thread ran meanwhile are not nested in it."""
+    events = [
+        _meta(7, "/host:CPU"),
+        _meta(7, "tf_XLAPjRtCpuClient/1", tid=2),
+        _meta(8, "/host:CPU other"),
+        _op(7, 2, "convolution.1", 100, 2, hlo_op="convolution.1", device_ordinal="0"),
+        _op(7, 2, "fusion.1", 105, 15, hlo_op="fusion.1", device_ordinal="0"),
+        _op(7, 2, "end: fusion.1", 120, 0.2),  # a synchronous op: its marker at its end
+        _op(7, 3, "end: convolution.1", 180, 0.2),  # on a pool thread, 78 µs after dispatch
+        _op(7, 2, "convolution.1", 200, 10, hlo_op="convolution.1", device_ordinal="0"),
+        _op(7, 2, "end: convolution.1", 210, 0.2),  # the second run: no wait
+        _op(8, 2, "end: fusion.1", 400, 0.2),  # another process's marker: not this op's
+    ]
+    _write_trace(tmp_path / "vm.trace.json.gz", events)
+    s = summarize_trace(tmp_path)
+
+    assert s["window_ms"] == pytest.approx(0.110, abs=EXACT)  # [100, 210)
+    assert s["compute_ms"] == pytest.approx(0.090, abs=EXACT)  # [100, 180) and [200, 210)
+    assert s["idle_ms"] == pytest.approx(0.020, abs=EXACT)
+    totals = {o["name"]: o["total_ms"] * 1e3 for o in s["top_ops"]}
+    assert totals == pytest.approx({"convolution.1": 90.0, "fusion.1": 15.0})
+
+
 @pytest.mark.parametrize(
     "name, comm",
     [
