@@ -36,6 +36,7 @@ import plotting
 from dta_benchmark import cpu_name
 
 import hopperjax
+from hopperjax import xla_cpu
 
 
 def run_one(config_path: str, overrides: list[str], seed: int, precision: str, out: Path,
@@ -129,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/cifar10_benchmark")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_intermixed_args(argv)
+    xla_cpu.prepare_script(args.config, args.overrides)  # its XLA flags, before JAX starts
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     overrides = ([f"data.path={args.data}"] if args.data else []) + args.overrides

@@ -22,6 +22,7 @@ import jax
 import plotting
 
 import hopperjax
+from hopperjax import xla_cpu
 from hopperjax.inspect import inspect_config
 
 WIRE = "collective_wire_bytes_per_step_per_device"
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="none,bf16,int8,int8-noef,int8-stochastic")
     parser.add_argument("--out", default="runs/compression_compare")
     args = parser.parse_intermixed_args(argv)
+    xla_cpu.prepare_script(args.config, args.overrides)  # its XLA flags, before JAX starts
     variants = args.variants.split(",")
     for name in variants:
         variant_overrides(name)

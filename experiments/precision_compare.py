@@ -20,6 +20,7 @@ from pathlib import Path
 import plotting
 
 import hopperjax
+from hopperjax import xla_cpu
 from hopperjax.inspect import inspect_config
 
 
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", default="fp32,bf16,fp16,fp8")
     parser.add_argument("--out", default="runs/precision_compare")
     args = parser.parse_intermixed_args(argv)
+    xla_cpu.prepare_script(args.config, args.overrides)  # its XLA flags, before JAX starts
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = [run_policy(args.config, args.overrides, p, out) for p in args.policies.split(",")]

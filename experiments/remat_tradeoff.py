@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import plotting
 
 import hopperjax
+from hopperjax import xla_cpu
 from hopperjax.memory import budget, offload
 from hopperjax.observe import hlo
 from hopperjax.trainer import build_components
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", default="runs/remat_tradeoff")
     args = parser.parse_intermixed_args(argv)
+    xla_cpu.prepare_script(args.config, args.overrides)  # its XLA flags, before JAX starts
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -18,7 +18,6 @@ from hopperjax.checkpoint import CheckpointError
 from hopperjax.config import Config, ConfigError, dump_yaml, load_config
 from hopperjax.data.errors import DataError
 from hopperjax.observe.metrics import MetricsFileError
-from hopperjax.parallel import overlap
 
 DESCRIPTION = """Trains a config: python -m hopperjax.train --config FILE [key=value ...].
 
@@ -64,12 +63,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _prepare_process(config: Config) -> None:
     """What this process sets before any backend starts (XLA reads its flags once)."""
-    for line in (
-        overlap.apply(config.comm.overlap),  # parallel/overlap.py
-        xla_cpu.apply(config.cpu_convolutions),  # xla_cpu.py
-    ):
-        if line:
-            print(line, flush=True)
+    for line in xla_cpu.prepare_process(config):  # comm.overlap, cpu_convolutions
+        print(line, flush=True)
     # orbax logs a failed background save as several tracebacks, and its writer threads may then
     # call into a closed event loop; the loop reports the failure as one line.
     logging.getLogger("absl").addFilter(_not_orbax_errors)

@@ -47,6 +47,19 @@ def write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda temp: temp.write_text(text))
 
 
+def cache_dir() -> Path | None:
+    """Where hopperjax keeps what it measures or probes once per machine: ``$HOPPERJAX_CACHE_DIR``
+    (default ``$XDG_CACHE_HOME/hopperjax`` or ``~/.cache/hopperjax``); None without a home."""
+    root = os.environ.get("HOPPERJAX_CACHE_DIR")
+    if root:
+        return Path(root)
+    try:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    except RuntimeError:  # no HOME and no passwd entry (a container's --user)
+        return None
+    return Path(base) / "hopperjax"
+
+
 def fsync_directory(path: Path) -> None:
     """Makes renames and removals in ``path`` durable."""
     fd = os.open(path, os.O_RDONLY)

@@ -25,7 +25,6 @@ from hopperjax import xla_cpu
 from hopperjax.config import Config, ConfigError, load_config
 from hopperjax.memory import budget, offload
 from hopperjax.observe import hlo as hlo_lib
-from hopperjax.parallel import overlap
 from hopperjax.trainer import build_components
 
 WeightSizes = dict[str, set[int]]
@@ -341,16 +340,8 @@ def main(argv: list[str] | None = None, *, out: Callable[[str], None] = print) -
     try:
         config = load_config(args.config, args.overrides)
         # The compiled program depends on these flags, as in training.
-        for key, value, apply in (
-            ("comm.overlap", config.comm.overlap, overlap.apply),
-            ("cpu_convolutions", config.cpu_convolutions, xla_cpu.apply),
-        ):
-            try:
-                line = apply(value)
-            except RuntimeError:  # called in a process whose JAX is already running
-                line = f"hopperjax: {key}={value} not applied: JAX already started"
-            if line:
-                print(line, file=sys.stderr)
+        for line in xla_cpu.prepare_process(config):
+            print(line, file=sys.stderr)
         report = inspect_config(config, hlo_path=args.hlo)
     except ConfigError as e:
         print(f"hopperjax: config error: {e}", file=sys.stderr)

@@ -4,9 +4,8 @@ jaxlib 0.10's XLA:CPU hands convolutions to YNNPACK (its "library fusions") by d
 shapes of a ResNet that is slow for the weight gradient: ResNet-9's weight gradients at batch 64
 on 2 AMD EPYC cores ran at 11-111 GFLOP/s (its 32x32 64 -> 128 layer's at 11: 858 ms) against
 24-162 GFLOP/s (78: 125 ms) from XLA's own convolution (Eigen's), which also runs most input
-gradients faster
-(``tools/conv_bench.py``; docs/images.md has the table and the whole step: 29.6 s -> 10.8 s,
-PyTorch's 10.1 s). So:
+gradients faster (``tools/conv_bench.py``; docs/images.md has the table and the whole step:
+29.6 s -> 10.8 s, PyTorch's 10.1 s). So:
 
 - ``eigen`` (the default): ``--xla_cpu_experimental_ynn_fusion_type=-individual_convolution``,
   which takes convolutions out of YNNPACK's fusions and leaves its other fusions (dots,
@@ -15,20 +14,28 @@ PyTorch's 10.1 s). So:
 
 GPU backends ignore the flag. XLA reads ``XLA_FLAGS`` once, when JAX starts its first backend,
 and aborts the process on a flag it does not know, so ``apply`` sets the flag only where the
-installed jaxlib carries it (its name in jaxlib's libraries, a ~50 ms read), and never overrides
-the flag where the user's ``XLA_FLAGS`` already sets it. Like ``comm.overlap``
-(``parallel/overlap.py``), it is applied by the entry points (``hopperjax.train``'s CLI,
-``hopperjax.inspect``) and by ``hopperjax.train`` when it runs in a process whose JAX has not
-started a backend yet.
+installed jaxlib accepts it (``jaxlib_accepts``: a JAX started with it in a subprocess, once per
+jaxlib, the answer kept in the cache directory), and leaves ``XLA_FLAGS`` as the user set it
+where it already names the flag or names a flag file. The entry points apply it
+(``hopperjax.train``'s CLI, ``hopperjax.inspect``, the tools and experiments that time steps,
+through ``prepare_process``), and so does ``hopperjax.train`` when it runs in a process whose JAX
+has not started a backend yet.
 """
 
 from __future__ import annotations
 
-import mmap
+import contextlib
+import json
 import os
+import subprocess
+import sys
 from collections.abc import MutableMapping
 from functools import cache
 from pathlib import Path
+from typing import Any
+
+from hopperjax import files
+from hopperjax.parallel import overlap
 
 MODES = ("eigen", "ynnpack")
 FLAG_NAME = "--xla_cpu_experimental_ynn_fusion_type"
@@ -36,31 +43,64 @@ FLAGS: dict[str, tuple[str, ...]] = {
     "eigen": (f"{FLAG_NAME}=-individual_convolution",),
     "ynnpack": (),
 }
+_PROBE_CACHE = "xla_flags.json"
+
+
+def _jaxlib_key() -> str:
+    """The installed jaxlib, as the probe's answers are kept: version, place and build time."""
+    import jaxlib  # the package only: importing it starts no backend
+    import jaxlib.version
+
+    where = Path(jaxlib.__file__).parent
+    stamp = max((p.stat().st_mtime_ns for p in where.glob("*.so")), default=0)
+    return f"jaxlib {jaxlib.version.__version__} | {where} | {stamp}"
 
 
 @cache
-def jaxlib_knows_flag(name: str = FLAG_NAME) -> bool:
-    """Whether the installed jaxlib's shared libraries name the XLA flag ``name`` (without
-    starting JAX: XLA aborts the process on an unknown flag)."""
-    import jaxlib  # the package only: importing it starts no backend
-
-    needle = name.lstrip("-").encode()
-    for path in sorted(Path(jaxlib.__file__).parent.glob("*.so")):
-        try:
-            with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                if m.find(needle) >= 0:
-                    return True
-        except (OSError, ValueError):  # unreadable, or empty (mmap refuses length 0)
-            continue
-    return False
+def jaxlib_accepts(flag: str) -> bool:
+    """Whether a JAX started with ``XLA_FLAGS=flag`` runs (XLA aborts on a flag it does not
+    know; a jaxlib's libraries also hold the names of removed flags, so only starting it tells).
+    Asked once per jaxlib install: the answer is kept in ``files.cache_dir()``."""
+    root = files.cache_dir()
+    path = None if root is None else root / _PROBE_CACHE
+    key = _jaxlib_key()
+    try:
+        kept: Any = json.loads(path.read_text()) if path else {}
+    except (OSError, ValueError):
+        kept = {}
+    kept = kept if isinstance(kept, dict) else {}
+    answers = kept.get(key) if isinstance(kept.get(key), dict) else {}
+    if isinstance(answers.get(flag), bool):
+        return answers[flag]
+    env = {**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import jax; jax.devices()"],
+            env=env,
+            capture_output=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.TimeoutExpired):  # no answer: not set, and asked again next time
+        return False
+    accepted = probe.returncode == 0
+    if path is not None:
+        kept[key] = {**answers, flag: accepted}
+        with contextlib.suppress(OSError):  # a read-only home: probed in each process
+            files.write_text(path, json.dumps(kept, indent=1) + "\n")
+    return accepted
 
 
 def apply(mode: str, environ: MutableMapping[str, str] | None = None) -> str | None:
-    """Puts ``mode``'s flag in ``XLA_FLAGS`` before JAX starts. Idempotent.
+    """Puts ``mode``'s flag at the front of ``XLA_FLAGS`` before JAX starts. Idempotent.
+
+    Args:
+      mode: one of ``MODES``.
+      environ: the environment to change (default ``os.environ``).
 
     Returns:
-      the console line saying what was set (or why nothing was), or None when there is nothing
-      to say (``ynnpack``, or the flag already set as ``mode`` sets it).
+      the console line saying why nothing was set where that differs from what ``mode`` asks
+      (the user's ``XLA_FLAGS`` names the flag or a flag file; this jaxlib lacks the flag), or
+      None (set, or nothing to set).
 
     Raises:
       ValueError: an unknown mode (the config's Literal type refuses one first).
@@ -69,27 +109,67 @@ def apply(mode: str, environ: MutableMapping[str, str] | None = None) -> str | N
     if mode not in MODES:
         raise ValueError(f"cpu_convolutions: expected one of {', '.join(MODES)}, got {mode!r}")
     environ = os.environ if environ is None else environ
-    user = environ.get("XLA_FLAGS", "").split()
-    if not FLAGS[mode] or any(f in user for f in FLAGS[mode]):
+    current = environ.get("XLA_FLAGS", "")
+    if current.strip() and not current.lstrip().startswith("-"):
+        # XLA reads a value that is not flags as the name of a file of flags: leave it be.
+        return f"hopperjax: cpu_convolutions={mode} not applied: XLA_FLAGS names a flag file"
+    named = [f for f in current.split() if f.split("=", 1)[0] == FLAG_NAME]
+    if named:
+        if not FLAGS[mode] or named[-1] != FLAGS[mode][0]:
+            return f"hopperjax: cpu_convolutions={mode} not applied: XLA_FLAGS sets {named[-1]}"
         return None
-    mine = [f for f in user if f.split("=", 1)[0] == FLAG_NAME]
-    if mine:
-        return f"hopperjax: cpu_convolutions={mode} not applied: XLA_FLAGS sets {mine[-1]}, kept"
-    if not jaxlib_knows_flag():
+    if not FLAGS[mode]:
+        return None
+    if not jaxlib_accepts(FLAGS[mode][0]):
         return (
-            f"hopperjax: cpu_convolutions={mode} not applied: this jaxlib has no "
-            f"{FLAG_NAME} (its XLA:CPU default stays)"
+            f"hopperjax: cpu_convolutions={mode} not applied: this jaxlib has no {FLAG_NAME} "
+            f"(its XLA:CPU default stays)"
         )
-    if environ is os.environ and _backend_started():
+    if environ is os.environ and overlap.backend_started():
         raise RuntimeError("cpu_convolutions must be applied before JAX starts a backend")
-    environ["XLA_FLAGS"] = " ".join([*FLAGS[mode], *user])
+    environ["XLA_FLAGS"] = f"{' '.join(FLAGS[mode])} {current}".strip()
     return None
 
 
-def _backend_started() -> bool:
+def prepare_process(config: Any) -> list[str]:
+    """The XLA flags of ``config`` (``comm.overlap``, ``cpu_convolutions``) put in ``XLA_FLAGS``
+    for a script's process: call it first, before anything starts JAX. Where JAX already runs,
+    a line says what was not applied (it cannot be). Returns the lines to print."""
+    lines = []
+    for key, value, set_flags in (
+        ("comm.overlap", config.comm.overlap, overlap.apply),
+        ("cpu_convolutions", config.cpu_convolutions, apply),
+    ):
+        try:
+            line = set_flags(value)
+        except RuntimeError:
+            line = f"hopperjax: {key}={value} not applied: JAX already started"
+        if line and unsaid(line):
+            lines.append(line)
+    return lines
+
+
+def prepare_script(config_path: str, overrides: list[str]) -> None:
+    """``prepare_process`` for a tool or experiment given ``--config`` and overrides: its lines
+    go to stderr; a config that does not load is left for the script's own loading to report."""
+    from hopperjax.config import ConfigError, load_config
+
     try:
-        from jax._src import xla_bridge
-    except ImportError:  # pragma: no cover - a JAX without it: cannot tell, assume not
-        return False
-    started = getattr(xla_bridge, "backends_are_initialized", None)
-    return bool(started and started())
+        config = load_config(config_path, overrides)
+    except ConfigError:
+        return
+    for line in prepare_process(config):
+        print(line, file=sys.stderr, flush=True)
+
+
+_SAID: set[str] = set()
+
+
+def unsaid(line: str | None) -> str | None:
+    """``line`` the first time this process has it to say, else None: the CLI says what it could
+    not apply, and ``hopperjax.train``, which applies the key again for library callers, does not
+    repeat it."""
+    if line is None or line in _SAID:
+        return None
+    _SAID.add(line)
+    return line

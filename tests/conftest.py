@@ -1,14 +1,15 @@
-"""Test setup: 8 fake CPU devices, set before JAX is imported anywhere."""
+"""Test setup: 8 fake CPU devices, set before JAX starts a backend anywhere."""
 
 import os
 import random
 import shutil
 import tempfile
 
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before testenv, whose probe imports JAX
+
 from testenv import xla_flags
 
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {xla_flags(8)}".strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Measured peaks (observe/flops.py) are kept per machine; the tests keep theirs apart (one
 # directory per process: the controller's and each worker's, each removed at its session's end).
 _PEAKS = os.environ["HOPPERJAX_CACHE_DIR"] = tempfile.mkdtemp(prefix="hopperjax-test-cache-")

@@ -35,15 +35,15 @@ def run_cli(
 def main_in_process(argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
     """The CLI's ``main`` run here (a subprocess costs ~3 s of imports per case) for configs it
     refuses while loading them: before it sets anything process-wide (XLA flags, JAX config),
-    which ``overlap.apply`` failing the test proves. -> (exit code, stderr)."""
+    which ``xla_cpu.prepare_process`` failing the test proves. -> (exit code, stderr)."""
 
-    def too_far(mode):
-        raise AssertionError(f"the CLI went past loading the config (comm.overlap={mode})")
+    def too_far(config):
+        raise AssertionError("the CLI went past loading the config (to its XLA flags)")
 
     cli = importlib.import_module("hopperjax.cli")
     # The library's function, whatever was imported before: the CLI's module shadows nothing.
     assert hopperjax.train is hopperjax.trainer.train
-    monkeypatch.setattr(cli.overlap, "apply", too_far)
+    monkeypatch.setattr(cli.xla_cpu, "prepare_process", too_far)
     code = cli.main(argv)
     return code, capsys.readouterr().err
 

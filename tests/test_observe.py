@@ -188,27 +188,45 @@ def test_summary_of_a_cpu_style_trace_uses_self_times(tmp_path):
 
 def test_a_cpu_op_that_runs_async_lasts_until_its_end_marker(tmp_path):
     """An Eigen convolution's event covers its dispatch only; its ``end:`` marker says when its
-    work finished. The ops its thread ran meanwhile are not nested in it."""
+    work finished. The ops its thread ran meanwhile are not nested in it; a synchronous op keeps
+    the marker inside its own event, also where another device runs an op of the same name; a
+    loop is never extended (its body's ops are its work)."""
     events = [
         _meta(7, "/host:CPU"),
         _meta(7, "tf_XLAPjRtCpuClient/1", tid=2),
         _meta(8, "/host:CPU other"),
         _op(7, 2, "convolution.1", 100, 2, hlo_op="convolution.1", device_ordinal="0"),
         _op(7, 2, "fusion.1", 105, 15, hlo_op="fusion.1", device_ordinal="0"),
-        _op(7, 2, "end: fusion.1", 120, 0.2),  # a synchronous op: its marker at its end
+        # The same op on device 1 (another thread, started first), synchronous too: markers
+        # inside each event (taken in order of start, device 0's op would get device 1's).
+        _op(7, 4, "fusion.1", 104, 22, hlo_op="fusion.1", device_ordinal="1"),
+        _op(7, 2, "end: fusion.1", 119, 0.2),
+        _op(7, 4, "end: fusion.1", 125, 0.2),
+        _op(8, 2, "end: convolution.1", 150, 0.2),  # another process's marker: not this op's
         _op(7, 3, "end: convolution.1", 180, 0.2),  # on a pool thread, 78 µs after dispatch
         _op(7, 2, "convolution.1", 200, 10, hlo_op="convolution.1", device_ordinal="0"),
-        _op(7, 2, "end: convolution.1", 210, 0.2),  # the second run: no wait
-        _op(8, 2, "end: fusion.1", 400, 0.2),  # another process's marker: not this op's
+        _op(7, 2, "end: convolution.1", 209, 0.2),  # the second run: no wait
+        _op(7, 2, "while.2", 220, 5, hlo_op="while.2", device_ordinal="0"),
+        _op(7, 2, "end: while.2", 260, 0.2),
     ]
     _write_trace(tmp_path / "vm.trace.json.gz", events)
-    s = summarize_trace(tmp_path)
+    s = summarize_trace(tmp_path, top=5)
 
-    assert s["window_ms"] == pytest.approx(0.110, abs=EXACT)  # [100, 210)
-    assert s["compute_ms"] == pytest.approx(0.090, abs=EXACT)  # [100, 180) and [200, 210)
-    assert s["idle_ms"] == pytest.approx(0.020, abs=EXACT)
-    totals = {o["name"]: o["total_ms"] * 1e3 for o in s["top_ops"]}
-    assert totals == pytest.approx({"convolution.1": 90.0, "fusion.1": 15.0})
+    assert s["window_ms"] == pytest.approx(0.125, abs=EXACT)  # [100, 225)
+    by_device = {d["device"].rsplit(" ", 1)[-1]: d for d in s["devices"]}
+    # device 0: [100, 180), [200, 210), [220, 225); device 1: [104, 126)
+    assert by_device["0"]["compute_ms"] == pytest.approx(0.095, abs=EXACT)
+    assert by_device["1"]["compute_ms"] == pytest.approx(0.022, abs=EXACT)
+    totals = {o["name"]: round(o["total_ms"] * 1e3, 6) for o in s["top_ops"]}
+    assert totals == {"convolution.1": 90.0, "fusion.1": 37.0, "while.2": 5.0}
+    assert {o["name"]: o["to_end_marker"] for o in s["top_ops"]} == {
+        "convolution.1": 1,
+        "fusion.1": 0,
+        "while.2": 0,
+    }
+    text = trace_summary.format_summary(s)
+    assert "convolution.1*" in text and "fusion.1*" not in text
+    assert "timed from dispatch to its end marker" in text
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -18,13 +19,18 @@ from hopperjax.config import ConfigError, load_config
 
 EIGEN = xla_cpu.FLAGS["eigen"][0]
 NHWC = ("NHWC", "HWIO", "NHWC")
+# testenv probed the flag for this test run and put it in XLA_FLAGS where jaxlib accepts it.
 needs_flag = pytest.mark.skipif(
-    not xla_cpu.jaxlib_knows_flag(), reason="this jaxlib has no YNNPACK fusion flag"
+    EIGEN not in os.environ["XLA_FLAGS"].split(), reason="this jaxlib has no YNNPACK fusion flag"
 )
 
 
-def test_eigen_sets_its_flag_once_and_ynnpack_sets_nothing(monkeypatch):
-    monkeypatch.setattr(xla_cpu, "jaxlib_knows_flag", lambda: True)
+@pytest.fixture
+def accepted(monkeypatch):
+    monkeypatch.setattr(xla_cpu, "jaxlib_accepts", lambda flag: True)
+
+
+def test_eigen_sets_its_flag_once_and_ynnpack_sets_nothing(accepted):
     env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     assert xla_cpu.apply("eigen", env) is None
     assert env["XLA_FLAGS"].split() == [EIGEN, "--xla_dump_to=/tmp/x"]
@@ -33,38 +39,84 @@ def test_eigen_sets_its_flag_once_and_ynnpack_sets_nothing(monkeypatch):
     env = {}
     assert xla_cpu.apply("ynnpack", env) is None
     assert env == {}
+    assert xla_cpu.apply("eigen", env) is None
+    assert env == {"XLA_FLAGS": EIGEN}
     with pytest.raises(ValueError, match="cpu_convolutions"):
         xla_cpu.apply("onednn", {})
     with pytest.raises(ConfigError, match="cpu_convolutions"):
         load_config(REPO / "configs" / "quickstart.yaml", ["cpu_convolutions=onednn"])
 
 
-def test_the_users_own_setting_wins_and_is_said(monkeypatch):
-    monkeypatch.setattr(xla_cpu, "jaxlib_knows_flag", lambda: True)
-    env = {"XLA_FLAGS": f"{xla_cpu.FLAG_NAME}="}
+@pytest.mark.parametrize(
+    "mode, flags, named",
+    [
+        ("eigen", f"{xla_cpu.FLAG_NAME}=", f"{xla_cpu.FLAG_NAME}="),
+        ("ynnpack", f"--xla_dump_to=/tmp/x {EIGEN}", EIGEN),
+        (
+            "eigen",
+            f"{EIGEN} {xla_cpu.FLAG_NAME}=-individual_dot",
+            f"{xla_cpu.FLAG_NAME}=-individual_dot",
+        ),
+    ],
+)
+def test_the_users_own_setting_wins_and_is_said(accepted, mode, flags, named):
+    env = {"XLA_FLAGS": flags}
+    line = xla_cpu.apply(mode, env)
+    assert env == {"XLA_FLAGS": flags}
+    assert line == f"hopperjax: cpu_convolutions={mode} not applied: XLA_FLAGS sets {named}"
+
+
+def test_a_flag_file_is_left_to_xla(accepted):
+    """XLA reads an XLA_FLAGS that is not flags as a file of flags; a flag put in front would
+    make it a list of flags and the file unread."""
+    env = {"XLA_FLAGS": "/etc/xla/flags.txt"}
     line = xla_cpu.apply("eigen", env)
-    assert env == {"XLA_FLAGS": f"{xla_cpu.FLAG_NAME}="}
-    assert line == (
-        f"hopperjax: cpu_convolutions=eigen not applied: XLA_FLAGS sets {xla_cpu.FLAG_NAME}=, kept"
-    )
+    assert env == {"XLA_FLAGS": "/etc/xla/flags.txt"}
+    assert line == "hopperjax: cpu_convolutions=eigen not applied: XLA_FLAGS names a flag file"
 
 
 def test_a_jaxlib_without_the_flag_gets_none_and_a_line(monkeypatch):
     """XLA aborts the process on a flag it does not know, so none is set where jaxlib lacks it."""
-    monkeypatch.setattr(xla_cpu, "jaxlib_knows_flag", lambda: False)
+    monkeypatch.setattr(xla_cpu, "jaxlib_accepts", lambda flag: False)
     env = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     line = xla_cpu.apply("eigen", env)
     assert env == {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}
     assert "not applied: this jaxlib has no" in line
 
 
-def test_the_jaxlib_probe_finds_flags_by_name():
-    assert xla_cpu.jaxlib_knows_flag("--xla_force_host_platform_device_count")
-    assert not xla_cpu.jaxlib_knows_flag("--xla_hopperjax_no_such_flag")
+def test_the_probe_starts_jax_once_per_jaxlib_and_keeps_the_answer(tmp_path, monkeypatch):
+    """A removed flag whose name jaxlib's libraries still hold (in the proto descriptor) is
+    refused: only starting JAX with it tells."""
+    monkeypatch.setenv("HOPPERJAX_CACHE_DIR", str(tmp_path))
+    xla_cpu.jaxlib_accepts.cache_clear()
+    removed = "--xla_gpu_enable_cudnn_frontend=true"
+    unknown = "--xla_hopperjax_no_such_flag=1"
+    assert not xla_cpu.jaxlib_accepts(removed)
+    assert not xla_cpu.jaxlib_accepts(unknown)
+    kept = json.loads((tmp_path / "xla_flags.json").read_text())
+    assert list(kept.values()) == [{removed: False, unknown: False}]
+    # Asked again in another process (the in-memory cache cleared): read, not probed.
+    xla_cpu.jaxlib_accepts.cache_clear()
+    kept[next(iter(kept))][unknown] = True  # a planted answer shows where it came from
+    (tmp_path / "xla_flags.json").write_text(json.dumps(kept))
+    monkeypatch.setattr(subprocess, "run", None)  # a probe would fail
+    assert xla_cpu.jaxlib_accepts(unknown)
+    xla_cpu.jaxlib_accepts.cache_clear()
 
 
-@needs_flag
-def test_a_started_backend_is_refused(monkeypatch):
+def test_prepare_process_says_each_line_once(monkeypatch):
+    monkeypatch.setattr(xla_cpu, "_SAID", set())
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_dump_to=/tmp/x {xla_cpu.FLAG_NAME}=")
+    config = SimpleNamespace(comm=SimpleNamespace(overlap="aggressive"), cpu_convolutions="eigen")
+    jax.devices()  # JAX runs here: overlap's flags cannot be set
+    assert xla_cpu.prepare_process(config) == [
+        "hopperjax: comm.overlap=aggressive not applied: JAX already started",
+        f"hopperjax: cpu_convolutions=eigen not applied: XLA_FLAGS sets {xla_cpu.FLAG_NAME}=",
+    ]
+    assert xla_cpu.prepare_process(config) == []
+
+
+def test_a_started_backend_is_refused(accepted, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
     jax.devices()  # this process's backend runs
     with pytest.raises(RuntimeError, match="before JAX starts"):
@@ -126,19 +178,20 @@ def test_both_libraries_give_the_same_gradients():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(jnp.abs(b).max()))
 
 
-@needs_flag
-def test_a_library_call_after_jax_started_says_the_flag_was_not_set(monkeypatch):
+def test_a_library_call_after_jax_started_says_the_flag_was_not_set(accepted, monkeypatch):
     """``hopperjax.train`` applies the key itself for scripts; where JAX started first it cannot,
-    and says so on CPU, naming the flag to set."""
+    and says so once, on CPU, naming what to do."""
     from hopperjax.trainer import loop
 
+    monkeypatch.setattr(xla_cpu, "_SAID", set())
     monkeypatch.setenv("XLA_FLAGS", "")
     jax.devices()
     line = loop._apply_cpu_convolutions("eigen")
     assert line == (
         "hopperjax: cpu_convolutions=eigen not applied: JAX started before hopperjax.train "
-        f"(set XLA_FLAGS={EIGEN} before it starts)"
+        f"(call hopperjax.xla_cpu.prepare_process(config) first, or add {EIGEN} to XLA_FLAGS)"
     )
+    assert loop._apply_cpu_convolutions("eigen") is None  # said once
     assert loop._apply_cpu_convolutions("ynnpack") is None
 
 

@@ -15,28 +15,37 @@ _SHARED = "HOPPERJAX_TEST_XLA_FLAGS"
 # ~40 %). The programs (and so what the tests check) are the same HLO, only the CPU code generated
 # for them is less tuned: a step runs 3-4x slower than at level 1 (the precision quality test and
 # the README's example, 50 and 30 steps of larger models, take longer). An XLA flag the installed
-# jaxlib does not know aborts the process, so the second is probed once, in a subprocess.
+# jaxlib does not know aborts the process, so the second (and the cpu_convolutions flag) are
+# probed once, in a subprocess.
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 PROBED = "--xla_cpu_use_fusion_emitters=false"
 
 
+def _accepted(flags: list[str]) -> bool:
+    probe = subprocess.run(
+        [sys.executable, "-c", "import jax; jax.devices()"],
+        env={**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        timeout=300,
+    )
+    return probe.returncode == 0
+
+
 def _test_xla_flags() -> str:
     if _SHARED not in os.environ:
-        flags = FAST_COMPILE
-        probe = subprocess.run(
-            [sys.executable, "-c", "import jax; jax.devices()"],
-            env={**os.environ, "XLA_FLAGS": f"{flags} {PROBED}", "JAX_PLATFORMS": "cpu"},
-            capture_output=True,
-            timeout=300,
-        )
-        os.environ[_SHARED] = f"{flags} {PROBED}" if probe.returncode == 0 else flags
+        # The default cpu_convolutions' flag too, as the CLI sets it (hopperjax/xla_cpu.py). The
+        # import brings in JAX, which reads XLA_FLAGS only when a backend starts.
+        from hopperjax.xla_cpu import FLAGS
+
+        optional = [PROBED, *FLAGS["eigen"]]
+        if _accepted([FAST_COMPILE, *optional]):
+            flags = [FAST_COMPILE, *optional]
+        else:
+            flags = [FAST_COMPILE, *(f for f in optional if _accepted([FAST_COMPILE, f]))]
+        os.environ[_SHARED] = " ".join(flags)
     return os.environ[_SHARED]
 
 
 def xla_flags(devices: int) -> str:
-    """XLA_FLAGS for a test process with this many fake CPU devices, and the convolutions of the
-    default ``cpu_convolutions`` (as the CLI would set them; hopperjax/xla_cpu.py)."""
-    from hopperjax import xla_cpu  # imports JAX, which reads XLA_FLAGS only when a backend starts
-
-    convs = " ".join(xla_cpu.FLAGS["eigen"]) if xla_cpu.jaxlib_knows_flag() else ""
-    return f"--xla_force_host_platform_device_count={devices} {_test_xla_flags()} {convs}".strip()
+    """XLA_FLAGS for a test process with this many fake CPU devices."""
+    return f"--xla_force_host_platform_device_count={devices} {_test_xla_flags()}"

@@ -26,6 +26,7 @@ import time
 import jax
 
 import hopperjax
+from hopperjax import xla_cpu
 from hopperjax.data import DevicePrefetcher, make_iterator
 from hopperjax.memory import host_heap
 from hopperjax.trainer import build_components
@@ -137,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=10, help="steps per timed chunk in (a)")
     parser.add_argument("--pipeline-batches", type=int, default=200)
     args = parser.parse_intermixed_args(argv)
+    xla_cpu.prepare_script(args.config, args.overrides)  # its XLA flags, before JAX starts
     config = hopperjax.load_config(args.config, args.overrides)
 
     bare, preprocess = bare_step_seconds(config, steps=args.steps, chunk=args.chunk)

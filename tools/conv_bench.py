@@ -50,7 +50,7 @@ def _fastest(fn, *args, reps: int) -> float:
 
 
 def bench_layer(size: int, cin: int, cout: int, batch: int, dtype: str, reps: int) -> dict:
-    """Seconds and GFLOP/s of the forward pass and both gradients of one layer."""
+    """Milliseconds and GFLOP/s of the forward pass and both gradients of one layer."""
     import jax
 
     def conv(x, w):  # x: [batch, size, size, cin], w: [3, 3, cin, cout]

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax
 
-from hopperjax import workloads
+from hopperjax import workloads, xla_cpu
 from hopperjax.config import ConfigError, load_config
 from hopperjax.memory import budget
 from hopperjax.parallel import build_mesh
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", metavar="PATH", help="also write every probe as JSON")
     args = parser.parse_intermixed_args(argv)
+    xla_cpu.prepare_script(args.config, args.overrides)  # its XLA flags, before JAX starts
 
     try:
         config = load_config(args.config, args.overrides)

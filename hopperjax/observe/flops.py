@@ -67,14 +67,8 @@ def measured_cpu_peak_tflops(
 def peak_cache_path() -> Path | None:
     """Where measured peaks are kept: ``$HOPPERJAX_CACHE_DIR/peaks.json`` (default
     ``$XDG_CACHE_HOME/hopperjax`` or ``~/.cache/hopperjax``); None without a home to keep it in."""
-    root = os.environ.get("HOPPERJAX_CACHE_DIR")
-    if not root:
-        try:
-            base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        except RuntimeError:  # no HOME and no passwd entry (a container's --user)
-            return None
-        root = Path(base) / "hopperjax"
-    return Path(root) / "peaks.json"
+    root = files.cache_dir()
+    return None if root is None else root / "peaks.json"
 
 
 def _machine_key(device: jax.Device) -> str:

@@ -19,9 +19,11 @@ Which events are XLA ops (the heuristic, checked against traces of JAX 0.10):
   ``device_ordinal``; one worker thread serves several devices. The runtime marks each op's
   completion with an ``end: <op>`` event; an op that runs asynchronously (an Eigen convolution, a
   copy, a fusion split across the thread pool) has an event as long as its dispatch only, and
-  its work lasts until that marker, so its end is taken from the marker (the op's first marker
-  at or after its start, in order, per process): without this, a convolution net's step showed
-  two thirds idle on CPU.
+  its work lasts until that marker, so its end is taken from the marker (``_until_end_markers``
+  says how markers are paired with ops): without this, a convolution net's step showed two thirds
+  idle on CPU. Such an op's time is then its span from dispatch to completion, which includes
+  any wait for a free pool thread: the compute/idle split is right, and its own total can
+  overstate its work (ops overlap, so op time can exceed the window).
 
 An op is communication when its name or ``hlo_op`` looks like a collective (all-reduce,
 all-gather, reduce-scatter, all-to-all, collective-permute, send/recv, NCCL kernels, psum); all
@@ -40,6 +42,7 @@ subtracted from the enclosing op) summed over devices.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import gzip
 import json
@@ -143,26 +146,46 @@ def _select_ops(events: list[dict[str, Any]]) -> tuple[list[_Op], dict[tuple[int
 
 
 _END = "end: "
+# Ops whose work is the ops of the computations they call, traced on their own.
+_CONTROL_FLOW = re.compile(r"^(while|conditional|call)(\.|$)")
 
 
 def _until_end_markers(ops: list[_Op], events: list[dict[str, Any]]) -> list[_Op]:
     """CPU ops extended to their ``end: <op>`` completion markers where those come later (async
-    ops; module docstring). An extended op gets a thread of its own, so that the ops its thread
-    ran meanwhile are not counted as nested inside it."""
+    ops; module docstring). A marker inside its op's own event (same thread) belongs to that op,
+    which ran synchronously; the others go, in order, to the earliest unfinished op of that name
+    in that process that started before them. An extended op gets a thread of its own, so that
+    the ops its thread ran meanwhile are not counted as nested inside it. Control flow (``while``,
+    ``conditional``, ``call``) is never extended: its work is its body's ops."""
     markers = sorted(
-        (float(e["ts"]), e.get("pid", 0), e["name"][len(_END) :])
+        (float(e["ts"]), e.get("pid", 0), e.get("tid", 0), e["name"][len(_END) :])
         for e in events
         if e["name"].startswith(_END) and "hlo_op" not in (e.get("args") or {})
     )
+    same_thread: dict[tuple[int, int, str], list[int]] = collections.defaultdict(list)
+    for i in sorted(range(len(ops)), key=lambda i: ops[i].start):
+        same_thread[(*ops[i].thread, ops[i].name)].append(i)
+    starts = {key: [ops[i].start for i in idx] for key, idx in same_thread.items()}
+    ended, leftover = set(), []
+    for ts, pid, tid, name in markers:
+        key = (pid, tid, name)
+        k = bisect.bisect_right(starts.get(key, []), ts) - 1
+        if k >= 0 and ts <= ops[same_thread[key][k]].end and same_thread[key][k] not in ended:
+            ended.add(same_thread[key][k])
+        else:
+            leftover.append((ts, pid, name))
     waiting: dict[tuple[int, str], collections.deque[int]] = collections.defaultdict(
         collections.deque
     )
-    order = sorted(range(len(ops)), key=lambda i: ops[i].start)
+    order = [
+        i
+        for i in sorted(range(len(ops)), key=lambda i: ops[i].start)
+        if i not in ended and not _CONTROL_FLOW.match(ops[i].name)
+    ]
     out, k = list(ops), 0
-    for ts, pid, name in markers:
+    for ts, pid, name in leftover:
         while k < len(order) and ops[order[k]].start <= ts:
-            i = order[k]
-            waiting[ops[i].thread[0], ops[i].name].append(i)
+            waiting[ops[order[k]].thread[0], ops[order[k]].name].append(order[k])
             k += 1
         queue = waiting.get((pid, name))
         if queue:
@@ -213,8 +236,10 @@ def summarize_trace(trace_dir: str | Path, top: int = 15) -> dict[str, Any]:
       A JSON-able dict: ``trace_file``; ``num_devices``; ``window_ms``; per-device averages
       ``compute_ms``, ``communication_ms`` (exposed), ``idle_ms`` and their ``*_frac`` (summing
       to 1), ``hidden_communication_ms``; ``devices`` (the split per device); ``op_time_ms`` (all
-      op self time, all devices); ``top_ops``: ``[{name, kind, count, total_ms, pct}]``, where
-      ``pct`` is the share of ``op_time_ms``.
+      op self time, all devices); ``top_ops``: ``[{name, kind, count, total_ms, pct,
+      to_end_marker}]``, where ``pct`` is the share of ``op_time_ms`` and ``to_end_marker`` counts
+      the calls timed from dispatch to their ``end:`` marker (async CPU ops; their time includes
+      any wait for a pool thread).
 
     Raises:
       ProfileSummaryError: no trace file, or no XLA op events in it.
@@ -264,11 +289,12 @@ def summarize_trace(trace_dir: str | Path, top: int = 15) -> dict[str, Any]:
         summary[f"{key}_frac"] = summary[f"{key}_ms"] / summary["window_ms"]
     summary["devices"] = devices
 
-    totals: dict[str, list[Any]] = {}  # name -> [count, self µs, comm]
+    totals: dict[str, list[Any]] = {}  # name -> [count, self µs, comm, calls timed to markers]
     for op, self_us in zip(ops, _self_times(ops), strict=True):
-        entry = totals.setdefault(op.name, [0, 0.0, op.comm])
+        entry = totals.setdefault(op.name, [0, 0.0, op.comm, 0])
         entry[0] += 1
         entry[1] += self_us
+        entry[3] += op.thread[1] < 0  # extended to its end marker (_until_end_markers)
     op_time = sum(t[1] for t in totals.values())
     summary["op_time_ms"] = op_time / 1e3
     ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
@@ -279,8 +305,9 @@ def summarize_trace(trace_dir: str | Path, top: int = 15) -> dict[str, Any]:
             "count": count,
             "total_ms": self_us / 1e3,
             "pct": 100.0 * self_us / op_time if op_time > 0 else 0.0,
+            "to_end_marker": to_marker,
         }
-        for name, (count, self_us, comm) in ranked
+        for name, (count, self_us, comm, to_marker) in ranked
     ]
     return summary
 
@@ -313,10 +340,18 @@ def format_summary(summary: dict[str, Any], *, name_width: int = 60) -> str:
         f"  {'name':<{name_width}} {'kind':<6} {'count':>6} {'total ms':>10} {'%':>6}",
     ]
     for op in summary["top_ops"]:
-        name = op["name"] if len(op["name"]) <= name_width else op["name"][: name_width - 1] + "…"
+        mark = "*" if op.get("to_end_marker") else ""
+        width = name_width - len(mark)
+        name = op["name"] if len(op["name"]) <= width else op["name"][: width - 1] + "…"
+        name += mark
         kind = "comm" if op["kind"] == "communication" else "comp"
         lines.append(
             f"  {name:<{name_width}} {kind:<6} {op['count']:>6d} {op['total_ms']:>10.3f} "
             f"{op['pct']:>5.1f}%"
+        )
+    if any(op.get("to_end_marker") for op in summary["top_ops"]):
+        lines.append(
+            "  * ran asynchronously (CPU): timed from dispatch to its end marker, waits for a "
+            "free thread included"
         )
     return "\n".join(lines)

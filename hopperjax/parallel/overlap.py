@@ -4,7 +4,7 @@ XLA reads ``XLA_FLAGS`` once, when JAX starts its first backend, so the entry po
 (``hopperjax.train``, ``hopperjax.inspect``) call ``apply`` right after reading the config and
 before anything touches a device, print what it set on their first console line, and the run's
 ``config.yaml`` records the mode. The only other flag hopperjax sets is ``cpu_convolutions``'s
-(``xla_cpu.py``), in the same places.
+(``xla_cpu.py``, whose ``prepare_process`` applies both).
 
 - ``default``: nothing is set; XLA's own scheduling (on GPUs it already runs collectives
   asynchronously; recent XLA pipelines data-parallel collectives at its higher optimization
@@ -74,7 +74,7 @@ def apply(mode: str, environ: MutableMapping[str, str] | None = None) -> str | N
     environ = os.environ if environ is None else environ
     if not FLAGS[mode] and not ENV.get(mode):
         return None
-    if environ is os.environ and _backend_started():
+    if environ is os.environ and backend_started():
         raise RuntimeError("comm.overlap must be applied before JAX starts a backend")
     user = environ.get("XLA_FLAGS", "").split()
     taken = {_flag_name(f) for f in user}
@@ -93,7 +93,7 @@ def apply(mode: str, environ: MutableMapping[str, str] | None = None) -> str | N
     )
 
 
-def _backend_started() -> bool:
+def backend_started() -> bool:
     try:
         from jax._src import xla_bridge
     except ImportError:  # pragma: no cover - a JAX without it: cannot tell, assume not

@@ -220,14 +220,15 @@ def _apply_cpu_convolutions(mode: str) -> str | None:
     """``xla_cpu.apply`` for a library caller (the CLI has applied it already): the line to print,
     if any. Where JAX started before, the flag could not be set; that matters on CPU only."""
     try:
-        return xla_cpu.apply(mode)
+        return xla_cpu.unsaid(xla_cpu.apply(mode))
     except RuntimeError:
         if jax.default_backend() != "cpu":
             return None
         flags = " ".join(xla_cpu.FLAGS[mode])
-        return (
+        return xla_cpu.unsaid(
             f"hopperjax: cpu_convolutions={mode} not applied: JAX started before "
-            f"hopperjax.train (set XLA_FLAGS={flags} before it starts)"
+            f"hopperjax.train (call hopperjax.xla_cpu.prepare_process(config) first, or add "
+            f"{flags} to XLA_FLAGS)"
         )
 
 
