@@ -16,10 +16,11 @@ GPU backends ignore the flag. XLA reads ``XLA_FLAGS`` once, when JAX starts its 
 and aborts the process on a flag it does not know, so ``apply`` sets the flag only where the
 installed jaxlib accepts it (``jaxlib_accepts``: a JAX started with it in a subprocess, once per
 jaxlib, the answer kept in the cache directory), and leaves ``XLA_FLAGS`` as the user set it
-where it already names the flag or names a flag file. The entry points apply it
-(``hopperjax.train``'s CLI, ``hopperjax.inspect``, the tools and experiments that time steps,
-through ``prepare_process``), and so does ``hopperjax.train`` when it runs in a process whose JAX
-has not started a backend yet.
+where it already names the flag or names a flag file. ``prepare_process`` applies it with
+``comm.overlap`` in the train CLI, ``hopperjax.inspect`` and the step-timing tools and experiments
+(``bench_loop``, ``find_batch``, ``cifar10_benchmark``, ``precision_compare``,
+``compression_compare``, ``remat_tradeoff``); ``hopperjax.train`` applies it too, for library
+callers and the other experiments, when it runs in a process whose JAX has not started yet.
 """
 
 from __future__ import annotations
@@ -73,9 +74,9 @@ def jaxlib_accepts(flag: str) -> bool:
     if isinstance(answers.get(flag), bool):
         return answers[flag]
     env = {**os.environ, "XLA_FLAGS": flag, "JAX_PLATFORMS": "cpu"}
-    try:
+    try:  # -P: the working directory stays off the child's path (a local jax.py)
         probe = subprocess.run(
-            [sys.executable, "-c", "import jax; jax.devices()"],
+            [sys.executable, "-P", "-c", "import jax; jax.devices()"],
             env=env,
             capture_output=True,
             timeout=300,
@@ -83,6 +84,8 @@ def jaxlib_accepts(flag: str) -> bool:
     except (OSError, subprocess.TimeoutExpired):  # no answer: not set, and asked again next time
         return False
     accepted = probe.returncode == 0
+    if not accepted and b"Unknown flag" not in probe.stderr:
+        return False  # failed for another reason (memory, the environment): not kept
     if path is not None:
         kept[key] = {**answers, flag: accepted}
         with contextlib.suppress(OSError):  # a read-only home: probed in each process
@@ -110,8 +113,7 @@ def apply(mode: str, environ: MutableMapping[str, str] | None = None) -> str | N
         raise ValueError(f"cpu_convolutions: expected one of {', '.join(MODES)}, got {mode!r}")
     environ = os.environ if environ is None else environ
     current = environ.get("XLA_FLAGS", "")
-    if current.strip() and not current.lstrip().startswith("-"):
-        # XLA reads a value that is not flags as the name of a file of flags: leave it be.
+    if names_flag_file(current):
         return f"hopperjax: cpu_convolutions={mode} not applied: XLA_FLAGS names a flag file"
     named = [f for f in current.split() if f.split("=", 1)[0] == FLAG_NAME]
     if named:
@@ -120,33 +122,61 @@ def apply(mode: str, environ: MutableMapping[str, str] | None = None) -> str | N
         return None
     if not FLAGS[mode]:
         return None
+    if environ is os.environ and overlap.backend_started():
+        raise RuntimeError("cpu_convolutions must be applied before JAX starts a backend")
     if not jaxlib_accepts(FLAGS[mode][0]):
         return (
             f"hopperjax: cpu_convolutions={mode} not applied: this jaxlib has no {FLAG_NAME} "
             f"(its XLA:CPU default stays)"
         )
-    if environ is os.environ and overlap.backend_started():
-        raise RuntimeError("cpu_convolutions must be applied before JAX starts a backend")
     environ["XLA_FLAGS"] = f"{' '.join(FLAGS[mode])} {current}".strip()
     return None
+
+
+def names_flag_file(xla_flags: str) -> bool:
+    """Whether ``XLA_FLAGS`` names a file of flags (XLA reads a value that does not start with
+    ``-`` so); flags put in front would make it a list of flags and the file unread."""
+    return bool(xla_flags.strip()) and not xla_flags.lstrip().startswith("-")
+
+
+def apply_or_say(mode: str) -> str | None:
+    """``apply`` in this process; where JAX has already started, the line saying the flag could
+    not be set (on CPU: GPUs ignore the flag) instead of an error."""
+    try:
+        return apply(mode)
+    except RuntimeError:
+        import jax
+
+        if jax.default_backend() != "cpu":
+            return None
+        flags = " ".join(FLAGS[mode])
+        return (
+            f"hopperjax: cpu_convolutions={mode} not applied: JAX started first (call "
+            f"hopperjax.xla_cpu.prepare_process(config) before it starts, or add {flags} to "
+            f"XLA_FLAGS)"
+        )
 
 
 def prepare_process(config: Any) -> list[str]:
     """The XLA flags of ``config`` (``comm.overlap``, ``cpu_convolutions``) put in ``XLA_FLAGS``
     for a script's process: call it first, before anything starts JAX. Where JAX already runs,
-    a line says what was not applied (it cannot be). Returns the lines to print."""
+    or ``XLA_FLAGS`` names a flag file, a line says what was not applied. Returns the lines to
+    print, each once per process (``unsaid``)."""
     lines = []
-    for key, value, set_flags in (
-        ("comm.overlap", config.comm.overlap, overlap.apply),
-        ("cpu_convolutions", config.cpu_convolutions, apply),
-    ):
+    if names_flag_file(os.environ.get("XLA_FLAGS", "")):
+        mode = config.comm.overlap
+        if overlap.FLAGS[mode]:
+            lines.append(f"hopperjax: comm.overlap={mode} not applied: XLA_FLAGS names a flag file")
+        lines.append(apply(config.cpu_convolutions))
+    else:
         try:
-            line = set_flags(value)
+            lines.append(overlap.apply(config.comm.overlap))
         except RuntimeError:
-            line = f"hopperjax: {key}={value} not applied: JAX already started"
-        if line and unsaid(line):
-            lines.append(line)
-    return lines
+            lines.append(
+                f"hopperjax: comm.overlap={config.comm.overlap} not applied: JAX already started"
+            )
+        lines.append(apply_or_say(config.cpu_convolutions))
+    return [line for line in lines if unsaid(line)]
 
 
 def prepare_script(config_path: str, overrides: list[str]) -> None:

@@ -229,6 +229,28 @@ def test_a_cpu_op_that_runs_async_lasts_until_its_end_marker(tmp_path):
     assert "timed from dispatch to its end marker" in text
 
 
+def test_end_markers_of_back_to_back_ops_and_of_rounding_stay_with_their_ops(tmp_path):
+    """Two runs of one op back to back on a thread (a marker at the second's start is the
+    first's), and a synchronous op whose marker falls a rounding step past its event while
+    another device's op of that name runs async: nothing is extended but the async op."""
+    events = [
+        _meta(7, "/host:CPU"),
+        _op(7, 2, "fusion.1", 100, 10, hlo_op="fusion.1", device_ordinal="0"),
+        _op(7, 2, "fusion.1", 110, 10, hlo_op="fusion.1", device_ordinal="0"),
+        _op(7, 2, "end: fusion.1", 110, 0.1),
+        _op(7, 2, "end: fusion.1", 120, 0.1),
+        _op(7, 4, "copy.1", 100, 1, hlo_op="copy.1", device_ordinal="1"),  # async: ends at 200
+        _op(7, 2, "copy.1", 125, 5, hlo_op="copy.1", device_ordinal="0"),
+        _op(7, 2, "end: copy.1", 130.004, 0.1),  # rounding: device 0's own
+        _op(7, 9, "end: copy.1", 200, 0.1),
+    ]
+    _write_trace(tmp_path / "vm.trace.json.gz", events)
+    s = summarize_trace(tmp_path, top=5)
+    totals = {o["name"]: round(o["total_ms"] * 1e3, 6) for o in s["top_ops"]}
+    assert totals == {"copy.1": 105.0, "fusion.1": 20.0}
+    assert {o["name"]: o["to_end_marker"] for o in s["top_ops"]} == {"copy.1": 1, "fusion.1": 0}
+
+
 @pytest.mark.parametrize(
     "name, comm",
     [

@@ -84,24 +84,40 @@ def test_a_jaxlib_without_the_flag_gets_none_and_a_line(monkeypatch):
     assert "not applied: this jaxlib has no" in line
 
 
-def test_the_probe_starts_jax_once_per_jaxlib_and_keeps_the_answer(tmp_path, monkeypatch):
-    """A removed flag whose name jaxlib's libraries still hold (in the proto descriptor) is
-    refused: only starting JAX with it tells."""
+@pytest.fixture
+def fresh_probe(tmp_path, monkeypatch):
     monkeypatch.setenv("HOPPERJAX_CACHE_DIR", str(tmp_path))
     xla_cpu.jaxlib_accepts.cache_clear()
-    removed = "--xla_gpu_enable_cudnn_frontend=true"
+    yield tmp_path / "xla_flags.json"
+    xla_cpu.jaxlib_accepts.cache_clear()
+
+
+def test_the_probe_starts_jax_once_per_jaxlib_and_keeps_the_answer(fresh_probe, monkeypatch):
+    """A known flag runs; an unknown one aborts JAX's start, and so does a removed flag whose
+    name jaxlib's libraries still hold (jaxlib 0.10: in the proto descriptor)."""
+    known = "--xla_force_host_platform_device_count=1"
     unknown = "--xla_hopperjax_no_such_flag=1"
-    assert not xla_cpu.jaxlib_accepts(removed)
+    assert xla_cpu.jaxlib_accepts(known)
     assert not xla_cpu.jaxlib_accepts(unknown)
-    kept = json.loads((tmp_path / "xla_flags.json").read_text())
-    assert list(kept.values()) == [{removed: False, unknown: False}]
+    kept = json.loads(fresh_probe.read_text())
+    assert list(kept.values()) == [{known: True, unknown: False}]
     # Asked again in another process (the in-memory cache cleared): read, not probed.
     xla_cpu.jaxlib_accepts.cache_clear()
     kept[next(iter(kept))][unknown] = True  # a planted answer shows where it came from
-    (tmp_path / "xla_flags.json").write_text(json.dumps(kept))
+    fresh_probe.write_text(json.dumps(kept))
     monkeypatch.setattr(subprocess, "run", None)  # a probe would fail
     assert xla_cpu.jaxlib_accepts(unknown)
+
+
+def test_a_removed_flag_is_refused_and_a_failed_probe_not_kept(fresh_probe, monkeypatch):
+    if jax.__version__.startswith("0.10."):  # the removed flag's name is in jaxlib 0.10's binary
+        assert not xla_cpu.jaxlib_accepts("--xla_gpu_enable_cudnn_frontend=true")
     xla_cpu.jaxlib_accepts.cache_clear()
+    fresh_probe.unlink(missing_ok=True)
+    killed = subprocess.CompletedProcess([], -9, b"", b"Killed")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: killed)
+    assert not xla_cpu.jaxlib_accepts("--xla_force_host_platform_device_count=2")
+    assert not fresh_probe.exists()  # not an answer about the flag: asked again next time
 
 
 def test_prepare_process_says_each_line_once(monkeypatch):
@@ -178,21 +194,28 @@ def test_both_libraries_give_the_same_gradients():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(jnp.abs(b).max()))
 
 
-def test_a_library_call_after_jax_started_says_the_flag_was_not_set(accepted, monkeypatch):
-    """``hopperjax.train`` applies the key itself for scripts; where JAX started first it cannot,
-    and says so once, on CPU, naming what to do."""
-    from hopperjax.trainer import loop
-
-    monkeypatch.setattr(xla_cpu, "_SAID", set())
+def test_a_call_after_jax_started_says_the_flag_was_not_set(accepted, monkeypatch):
+    """``hopperjax.train`` applies the key itself for scripts (``apply_or_say``); where JAX
+    started first it cannot, and says so on CPU, naming what to do."""
     monkeypatch.setenv("XLA_FLAGS", "")
     jax.devices()
-    line = loop._apply_cpu_convolutions("eigen")
-    assert line == (
-        "hopperjax: cpu_convolutions=eigen not applied: JAX started before hopperjax.train "
-        f"(call hopperjax.xla_cpu.prepare_process(config) first, or add {EIGEN} to XLA_FLAGS)"
+    assert xla_cpu.apply_or_say("eigen") == (
+        "hopperjax: cpu_convolutions=eigen not applied: JAX started first (call "
+        "hopperjax.xla_cpu.prepare_process(config) before it starts, or add "
+        f"{EIGEN} to XLA_FLAGS)"
     )
-    assert loop._apply_cpu_convolutions("eigen") is None  # said once
-    assert loop._apply_cpu_convolutions("ynnpack") is None
+    assert xla_cpu.apply_or_say("ynnpack") is None
+
+
+def test_a_flag_file_is_left_whole_by_both_keys(accepted, monkeypatch):
+    monkeypatch.setattr(xla_cpu, "_SAID", set())
+    monkeypatch.setenv("XLA_FLAGS", "/etc/xla/flags.txt")
+    config = SimpleNamespace(comm=SimpleNamespace(overlap="aggressive"), cpu_convolutions="eigen")
+    assert xla_cpu.prepare_process(config) == [
+        "hopperjax: comm.overlap=aggressive not applied: XLA_FLAGS names a flag file",
+        "hopperjax: cpu_convolutions=eigen not applied: XLA_FLAGS names a flag file",
+    ]
+    assert os.environ["XLA_FLAGS"] == "/etc/xla/flags.txt"
 
 
 def _conv_bench():

@@ -104,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     device = jax.devices()[0]
     if not args.json:
         print(f"{device.platform} ({device.device_kind}), batch {args.batch}, {args.dtype}, "
-              f"cpu_convolutions={args.cpu_convolutions}; ms (GFLOP/s)")  # fmt: skip
+              f"cpu_convolutions={args.cpu_convolutions}{' (not applied)' if line else ''}; "
+              f"ms (GFLOP/s)")  # fmt: skip
         print(f"{'layer':>20} {'forward':>16} {'input grad':>16} {'weight grad':>16}")
     for size, cin, cout in args.layers:
         row = bench_layer(size, cin, cout, args.batch, args.dtype, args.reps)
-        row["cpu_convolutions"] = args.cpu_convolutions
+        # What ran: a mode that could not be applied is recorded as such (the line above).
+        row["cpu_convolutions"] = args.cpu_convolutions + (" (not applied)" if line else "")
         if args.json:
             print(json.dumps(row), flush=True)
         else:

@@ -22,8 +22,8 @@ Which events are XLA ops (the heuristic, checked against traces of JAX 0.10):
   its work lasts until that marker, so its end is taken from the marker (``_until_end_markers``
   says how markers are paired with ops): without this, a convolution net's step showed two thirds
   idle on CPU. Such an op's time is then its span from dispatch to completion, which includes
-  any wait for a free pool thread: the compute/idle split is right, and its own total can
-  overstate its work (ops overlap, so op time can exceed the window).
+  any wait for a free pool thread: the compute/idle split counts the pool's work, and its own
+  total can overstate it (ops overlap, so op time can exceed the window).
 
 An op is communication when its name or ``hlo_op`` looks like a collective (all-reduce,
 all-gather, reduce-scatter, all-to-all, collective-permute, send/recv, NCCL kernels, psum); all
@@ -150,13 +150,19 @@ _END = "end: "
 _CONTROL_FLOW = re.compile(r"^(while|conditional|call)(\.|$)")
 
 
+# A synchronous op's marker can fall a rounding step past its event's end (XProf writes ``ts`` and
+# ``dur`` apart, each rounded to the nanosecond).
+_MARKER_SLACK_US = 0.05
+
+
 def _until_end_markers(ops: list[_Op], events: list[dict[str, Any]]) -> list[_Op]:
     """CPU ops extended to their ``end: <op>`` completion markers where those come later (async
-    ops; module docstring). A marker inside its op's own event (same thread) belongs to that op,
-    which ran synchronously; the others go, in order, to the earliest unfinished op of that name
-    in that process that started before them. An extended op gets a thread of its own, so that
-    the ops its thread ran meanwhile are not counted as nested inside it. Control flow (``while``,
-    ``conditional``, ``call``) is never extended: its work is its body's ops."""
+    ops; module docstring). An op takes the last marker of its name on its own thread that falls
+    inside its event (it ran synchronously); the other markers go, in order, to the earliest
+    unpaired op of that name in that process that started before them. An extended op gets a
+    thread of its own, so that the ops its thread ran meanwhile are not counted as nested inside
+    it. Control flow (``while``, ``conditional``, ``call``) is never extended: its work is its
+    body's ops."""
     markers = sorted(
         (float(e["ts"]), e.get("pid", 0), e.get("tid", 0), e["name"][len(_END) :])
         for e in events
@@ -166,21 +172,27 @@ def _until_end_markers(ops: list[_Op], events: list[dict[str, Any]]) -> list[_Op
     for i in sorted(range(len(ops)), key=lambda i: ops[i].start):
         same_thread[(*ops[i].thread, ops[i].name)].append(i)
     starts = {key: [ops[i].start for i in idx] for key, idx in same_thread.items()}
-    ended, leftover = set(), []
+    inside: dict[int, tuple[float, int, str]] = {}  # op -> the marker inside its event
+    leftover = []
     for ts, pid, tid, name in markers:
         key = (pid, tid, name)
-        k = bisect.bisect_right(starts.get(key, []), ts) - 1
-        if k >= 0 and ts <= ops[same_thread[key][k]].end and same_thread[key][k] not in ended:
-            ended.add(same_thread[key][k])
+        # The op that started last strictly before the marker (a marker cannot open its op).
+        k = bisect.bisect_left(starts.get(key, []), ts) - 1
+        i = same_thread[key][k] if k >= 0 else None
+        if i is not None and ts <= ops[i].end + _MARKER_SLACK_US:
+            if i in inside:
+                leftover.append(inside[i])  # an earlier marker inside it was another op's
+            inside[i] = (ts, pid, name)
         else:
             leftover.append((ts, pid, name))
+    leftover.sort()
     waiting: dict[tuple[int, str], collections.deque[int]] = collections.defaultdict(
         collections.deque
     )
     order = [
         i
         for i in sorted(range(len(ops)), key=lambda i: ops[i].start)
-        if i not in ended and not _CONTROL_FLOW.match(ops[i].name)
+        if i not in inside and not _CONTROL_FLOW.match(ops[i].name)
     ]
     out, k = list(ops), 0
     for ts, pid, name in leftover:
@@ -190,7 +202,7 @@ def _until_end_markers(ops: list[_Op], events: list[dict[str, Any]]) -> list[_Op
         queue = waiting.get((pid, name))
         if queue:
             i = queue.popleft()
-            if ts > ops[i].end:
+            if ts > ops[i].end + _MARKER_SLACK_US:
                 out[i] = ops[i]._replace(end=ts, thread=(ops[i].thread[0], -1 - i))
     return out
 

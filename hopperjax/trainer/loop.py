@@ -197,8 +197,9 @@ def train(
         and the last good checkpoint).
     """
     config_lib.validate(config)  # again: a config built or changed in Python skips load_config
-    line = _apply_cpu_convolutions(config.cpu_convolutions)  # before JAX starts, where it has not
-    if line and console:
+    # For library callers; the CLI has applied it already (xla_cpu.py).
+    line = xla_cpu.apply_or_say(config.cpu_convolutions)
+    if console and xla_cpu.unsaid(line):
         print(line, file=sys.stderr, flush=True)
     run_dir = config.run_path
     primary = jax.process_index() == 0
@@ -214,22 +215,6 @@ def train(
             except OSError as e:
                 raise ConfigError("run_dir", f"cannot write to {run_dir}: {e.strerror}") from None
         return _train(config, run_dir, devices, console=console, primary=primary)
-
-
-def _apply_cpu_convolutions(mode: str) -> str | None:
-    """``xla_cpu.apply`` for a library caller (the CLI has applied it already): the line to print,
-    if any. Where JAX started before, the flag could not be set; that matters on CPU only."""
-    try:
-        return xla_cpu.unsaid(xla_cpu.apply(mode))
-    except RuntimeError:
-        if jax.default_backend() != "cpu":
-            return None
-        flags = " ".join(xla_cpu.FLAGS[mode])
-        return xla_cpu.unsaid(
-            f"hopperjax: cpu_convolutions={mode} not applied: JAX started before "
-            f"hopperjax.train (call hopperjax.xla_cpu.prepare_process(config) first, or add "
-            f"{flags} to XLA_FLAGS)"
-        )
 
 
 def _train(
