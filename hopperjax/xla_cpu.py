@@ -113,8 +113,12 @@ def apply(mode: str, environ: MutableMapping[str, str] | None = None) -> str | N
         raise ValueError(f"cpu_convolutions: expected one of {', '.join(MODES)}, got {mode!r}")
     environ = os.environ if environ is None else environ
     current = environ.get("XLA_FLAGS", "")
-    if names_flag_file(current):
-        return f"hopperjax: cpu_convolutions={mode} not applied: XLA_FLAGS names a flag file"
+    if names_flag_file(current):  # a mode that sets nothing has nothing to say about it
+        return (
+            f"hopperjax: cpu_convolutions={mode} not applied: XLA_FLAGS names a flag file"
+            if FLAGS[mode]
+            else None
+        )
     named = [f for f in current.split() if f.split("=", 1)[0] == FLAG_NAME]
     if named:
         if not FLAGS[mode] or named[-1] != FLAGS[mode][0]:

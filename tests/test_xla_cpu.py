@@ -73,6 +73,8 @@ def test_a_flag_file_is_left_to_xla(accepted):
     line = xla_cpu.apply("eigen", env)
     assert env == {"XLA_FLAGS": "/etc/xla/flags.txt"}
     assert line == "hopperjax: cpu_convolutions=eigen not applied: XLA_FLAGS names a flag file"
+    assert xla_cpu.apply("ynnpack", env) is None
+    assert env == {"XLA_FLAGS": "/etc/xla/flags.txt"}
 
 
 def test_a_jaxlib_without_the_flag_gets_none_and_a_line(monkeypatch):
