@@ -10,14 +10,29 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
+import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+# A writer's temporary file: ``.<final name>.<12 hex digits>.tmp``, the digits its own, so two
+# writers of one path (two processes keeping one cache file) never write into each other's file.
+# Conversions before the digits left ``.<final name>.tmp``; ``temp_target`` reads both.
+_TEMP = re.compile(r"\.(.+?)(?:\.[0-9a-f]{12})?\.tmp")
+
+
+def temp_target(name: str) -> str | None:
+    """The final name a temporary file of ``atomic_write`` was for; None if ``name`` is not one
+    (a killed writer leaves its temporary file behind, and a conversion clears them first)."""
+    match = _TEMP.fullmatch(name)
+    return match.group(1) if match else None
+
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    """``write(temp_path)``, fsync, rename onto ``path``; the temporary file never outlives it."""
+    """``write(temp_path)``, fsync, rename onto ``path``; the temporary file never outlives it.
+    Each call writes its own temporary file: of concurrent writers, the last rename wins whole."""
     path = Path(path)
-    temp = path.with_name(f".{path.name}.tmp")
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     try:
         write(temp)
         fd = os.open(temp, os.O_RDONLY)

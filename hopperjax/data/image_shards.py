@@ -81,7 +81,7 @@ def write_image_shards(
         ours |= set(json.loads((out / META_NAME).read_text())["splits"])
     (out / META_NAME).unlink(missing_ok=True)
     for stale in out.glob(".*.tmp"):  # left by a killed conversion
-        match = _SHARD.fullmatch(stale.name[1:-4])
+        match = _SHARD.fullmatch(files.temp_target(stale.name) or "")
         if match and match.group(1) in ours:
             stale.unlink()
     files.fsync_directory(out)  # the set reads as incomplete from here on

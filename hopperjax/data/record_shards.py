@@ -57,7 +57,7 @@ def write_shards(
         if earlier.get("format") == meta.get("format"):  # another tool's set is not ours
             ours |= set(earlier["splits"])
     for stale in [*out.glob(".*.tmp"), *out.glob(".*.part")]:  # left by a killed conversion
-        name = stale.name.lstrip(".").removesuffix(".tmp").removesuffix(".part")
+        name = (files.temp_target(stale.name) or stale.name).lstrip(".").removesuffix(".part")
         match = _SHARD.fullmatch(name) or _PART.fullmatch(name)
         if match and match.group(1) in ours:
             stale.unlink()
