@@ -15,10 +15,12 @@ _SHARED = "HOPPERJAX_TEST_XLA_FLAGS"
 # ~40 %). The programs (and so what the tests check) are the same HLO, only the CPU code generated
 # for them is less tuned: a step runs 3-4x slower than at level 1 (the precision quality test and
 # the README's example, 50 and 30 steps of larger models, take longer). An XLA flag the installed
-# jaxlib does not know aborts the process, so the second (and the cpu_convolutions flag) are
-# probed once, in a subprocess.
+# jaxlib does not know aborts the process, so the others (and the cpu_convolutions flag) are
+# probed once, in a subprocess. One LLVM module per program instead of several compiled on
+# threads: with two workers on two cores the threads only contend, and the split costs work of
+# its own (~10 % less CPU time for the contract tests of two workloads, paired runs).
 FAST_COMPILE = "--xla_backend_optimization_level=0"
-PROBED = "--xla_cpu_use_fusion_emitters=false"
+PROBED = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1")
 
 
 def _accepted(flags: list[str]) -> bool:
@@ -37,7 +39,7 @@ def _test_xla_flags() -> str:
         # import brings in JAX, which reads XLA_FLAGS only when a backend starts.
         from hopperjax.xla_cpu import FLAGS
 
-        optional = [PROBED, *FLAGS["eigen"]]
+        optional = [*PROBED, *FLAGS["eigen"]]
         if _accepted([FAST_COMPILE, *optional]):
             flags = [FAST_COMPILE, *optional]
         else:
