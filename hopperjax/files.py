@@ -17,7 +17,9 @@ from pathlib import Path
 
 # A writer's temporary file: ``.<final name>.<12 hex digits>.tmp``, the digits its own, so two
 # writers of one path (two processes keeping one cache file) never write into each other's file.
-# Conversions before the digits left ``.<final name>.tmp``; ``temp_target`` reads both.
+# Conversions before the digits left ``.<final name>.tmp``; ``temp_target`` reads both. A writer
+# killed mid-write leaves its hidden file behind: shard conversions clear their own; elsewhere
+# (a run's config.yaml, the cache directory) it stays, named so, until removed by hand.
 _TEMP = re.compile(r"\.(.+?)(?:\.[0-9a-f]{12})?\.tmp")
 
 
