@@ -224,9 +224,38 @@ def test_a_cpu_op_that_runs_async_lasts_until_its_end_marker(tmp_path):
         "fusion.1": 0,
         "while.2": 0,
     }
+    # Two threads with op events (2 and 4): while three ops run, [105, 120), each gets 2/3.
+    shares = {o["name"]: round(o["share_ms"] * 1e3, 6) for o in s["top_ops"]}
+    assert shares == {"convolution.1": 85.0, "fusion.1": 27.0, "while.2": 5.0}
+    assert s["op_share_ms"] == pytest.approx(0.117, abs=EXACT)
     text = trace_summary.format_summary(s)
     assert "convolution.1*" in text and "fusion.1*" not in text
-    assert "timed from dispatch to its end marker" in text
+    assert "the span from dispatch to its end marker" in text and "share ms" in text
+
+
+def test_async_ops_queued_on_a_busy_pool_are_ranked_by_their_share_of_its_threads(tmp_path):
+    """Four copies dispatched at once on a one-thread pool finish one after another: their spans
+    (40 + 49 + 58 + 67 µs) include their waits in the queue and overlap, 214 µs in a 70 µs stretch
+    of one thread. Shared fairly while they wait, they are the 70 µs the thread had; the
+    synchronous fusion after them (80 µs) is the larger op."""
+    events = [_meta(7, "/host:CPU")]
+    for k in range(4):
+        events.append(_op(7, 2, "copy.1", k, 1, hlo_op="copy.1", device_ordinal="0"))
+        events.append(_op(7, 2, "end: copy.1", 40 + 10 * k, 0.1))
+    events += [
+        _op(7, 2, "fusion.1", 70, 80, hlo_op="fusion.1", device_ordinal="0"),
+        _op(7, 2, "end: fusion.1", 149.5, 0.1),
+    ]
+    _write_trace(tmp_path / "vm.trace.json.gz", events)
+    s = summarize_trace(tmp_path, top=5)
+    assert [o["name"] for o in s["top_ops"]] == ["fusion.1", "copy.1"]
+    copy, fusion = s["top_ops"][1], s["top_ops"][0]
+    assert copy["total_ms"] * 1e3 == pytest.approx(214.0) and copy["to_end_marker"] == 4
+    assert copy["share_ms"] * 1e3 == pytest.approx(70.0)
+    assert fusion["share_ms"] * 1e3 == pytest.approx(80.0) == fusion["total_ms"] * 1e3
+    assert fusion["pct"] == pytest.approx(100 * 80 / 150)
+    assert s["op_share_ms"] == pytest.approx(0.150) and s["op_time_ms"] == pytest.approx(0.294)
+    assert s["compute_frac"] == pytest.approx(1.0)  # [0, 150) busy: the split is unchanged
 
 
 def test_end_markers_of_back_to_back_ops_and_of_rounding_stay_with_their_ops(tmp_path):

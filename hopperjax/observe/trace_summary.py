@@ -23,7 +23,9 @@ Which events are XLA ops (the heuristic, checked against traces of JAX 0.10):
   says how markers are paired with ops): without this, a convolution net's step showed two thirds
   idle on CPU. Such an op's time is then its span from dispatch to completion, which includes
   any wait for a free pool thread: the compute/idle split counts the pool's work, and its own
-  total can overstate it (ops overlap, so op time can exceed the window).
+  total can overstate it (ops overlap, so op time can exceed the window). So on CPU the top ops
+  are ranked by each op's share of the process's worker threads (``_pool_shares``): while n ops
+  run at once on P threads with op events, n > P, each gets P / n of that time.
 
 An op is communication when its name or ``hlo_op`` looks like a collective (all-reduce,
 all-gather, reduce-scatter, all-to-all, collective-permute, send/recv, NCCL kernels, psum); all
@@ -80,8 +82,9 @@ class _Op(NamedTuple):
     start: float  # µs
     end: float  # µs
     device: tuple[int, int]  # (pid, device ordinal or -1): one device's timeline
-    thread: tuple[int, int]  # (pid, tid): where ops nest
+    thread: tuple[int, int]  # (pid, tid): where ops nest (an async op's own: tid < 0)
     comm: bool
+    worker: tuple[int, int]  # (pid, tid): the thread whose events hold the op
 
 
 def find_trace(trace_dir: str | Path) -> Path:
@@ -139,7 +142,8 @@ def _select_ops(events: list[dict[str, Any]]) -> tuple[list[_Op], dict[tuple[int
             continue
         comm = bool(_COLLECTIVE.search(e["name"]) or _COLLECTIVE.search(args.get("hlo_op", "")))
         start = float(e["ts"])
-        ops.append(_Op(e["name"], start, start + float(e["dur"]), device, (pid, tid), comm))
+        thread = (pid, tid)
+        ops.append(_Op(e["name"], start, start + float(e["dur"]), device, thread, comm, thread))
     if not chosen:
         ops = _until_end_markers(ops, complete)
     return ops, names
@@ -218,9 +222,10 @@ def _union_length(intervals: list[tuple[float, float]], lo: float, hi: float) ->
     return total
 
 
-def _self_times(ops: list[_Op]) -> list[float]:
-    """Each op's duration minus the ops nested inside it (same thread, same device)."""
-    selfs = [op.end - op.start for op in ops]
+def _self_segments(ops: list[_Op]) -> list[list[tuple[float, float]]]:
+    """Where each op runs itself: its interval less the ops nested inside it (same thread, same
+    device)."""
+    holes: list[list[tuple[float, float]]] = [[] for _ in ops]
     by_thread = collections.defaultdict(list)
     for i, op in enumerate(ops):
         by_thread[op.thread, op.device].append(i)
@@ -232,9 +237,49 @@ def _self_times(ops: list[_Op]) -> list[float]:
                 stack.pop()
             if stack:
                 parent = ops[stack[-1]]
-                selfs[stack[-1]] -= min(ops[i].end, parent.end) - ops[i].start
+                holes[stack[-1]].append((ops[i].start, min(ops[i].end, parent.end)))
             stack.append(i)
-    return [max(s, 0.0) for s in selfs]
+    segments = []
+    for op, cut in zip(ops, holes, strict=True):
+        mine, at = [], op.start
+        for start, end in sorted(cut):
+            if start > at:
+                mine.append((at, start))
+            at = max(at, end)
+        if op.end > at:
+            mine.append((at, op.end))
+        segments.append(mine)
+    return segments
+
+
+def _pool_shares(ops: list[_Op], segments: list[list[tuple[float, float]]]) -> list[float]:
+    """Each CPU op's share of its process's worker threads (µs): while more ops run than the
+    process has threads with op events (its pool, P), each of the n gets P / n of the time, as if
+    the pool were shared fairly; else all of it. An async op's span (dispatch to end marker)
+    includes its waits for a free thread, so with many in flight the spans overlap far past what
+    P threads can do; the shares never sum to more than P x the window."""
+    pool = collections.Counter(pid for pid, _ in {op.worker for op in ops})
+    shares = [0.0] * len(ops)
+    for pid, threads in pool.items():
+        mine = [i for i, op in enumerate(ops) if op.thread[0] == pid]
+        edges = sorted(
+            (t, step)
+            for i in mine
+            for start, end in segments[i]
+            for t, step in ((start, 1), (end, -1))
+        )
+        # rate(t) = min(1, P / n(t)); at each edge time, the integral of the rate so far.
+        integral: dict[float, float] = {}
+        total, active, last = 0.0, 0, None
+        for t, step in edges:
+            if last is not None and active:
+                total += (t - last) * min(1.0, threads / active)
+            integral[t] = total
+            active += step
+            last = t
+        for i in mine:
+            shares[i] = sum(integral[end] - integral[start] for start, end in segments[i])
+    return shares
 
 
 def summarize_trace(trace_dir: str | Path, top: int = 15) -> dict[str, Any]:
@@ -248,10 +293,11 @@ def summarize_trace(trace_dir: str | Path, top: int = 15) -> dict[str, Any]:
       A JSON-able dict: ``trace_file``; ``num_devices``; ``window_ms``; per-device averages
       ``compute_ms``, ``communication_ms`` (exposed), ``idle_ms`` and their ``*_frac`` (summing
       to 1), ``hidden_communication_ms``; ``devices`` (the split per device); ``op_time_ms`` (all
-      op self time, all devices); ``top_ops``: ``[{name, kind, count, total_ms, pct,
-      to_end_marker}]``, where ``pct`` is the share of ``op_time_ms`` and ``to_end_marker`` counts
-      the calls timed from dispatch to their ``end:`` marker (async CPU ops; their time includes
-      any wait for a pool thread).
+      op self time, all devices); ``op_share_ms`` (the same as the worker threads' shares: on
+      CPU, ``_pool_shares``; elsewhere equal); ``top_ops``: ``[{name, kind, count, total_ms,
+      share_ms, pct, to_end_marker}]``, ranked by ``share_ms``, where ``pct`` is the share of
+      ``op_share_ms`` and ``to_end_marker`` counts the calls timed from dispatch to their
+      ``end:`` marker (async CPU ops; their ``total_ms`` includes any wait for a pool thread).
 
     Raises:
       ProfileSummaryError: no trace file, or no XLA op events in it.
@@ -259,6 +305,7 @@ def summarize_trace(trace_dir: str | Path, top: int = 15) -> dict[str, Any]:
     path = find_trace(trace_dir)
     events = _load_events(path)
     ops, names = _select_ops(events)
+    cpu = not any(name.startswith("/device:") for name in names.values())
     if not ops:
         raise ProfileSummaryError(
             f"{path} holds no XLA op events (no /device:* process with op threads, and no "
@@ -301,25 +348,34 @@ def summarize_trace(trace_dir: str | Path, top: int = 15) -> dict[str, Any]:
         summary[f"{key}_frac"] = summary[f"{key}_ms"] / summary["window_ms"]
     summary["devices"] = devices
 
-    totals: dict[str, list[Any]] = {}  # name -> [count, self µs, comm, calls timed to markers]
-    for op, self_us in zip(ops, _self_times(ops), strict=True):
-        entry = totals.setdefault(op.name, [0, 0.0, op.comm, 0])
+    segments = _self_segments(ops)
+    selfs = [sum(end - start for start, end in mine) for mine in segments]
+    # CPU traces only: a GPU's ops are its streams' kernels, which run as their events say.
+    shares = _pool_shares(ops, segments) if cpu else selfs
+    # name -> [count, self µs, pool share µs, comm, calls timed to markers]
+    totals: dict[str, list[Any]] = {}
+    for op, self_us, share_us in zip(ops, selfs, shares, strict=True):
+        entry = totals.setdefault(op.name, [0, 0.0, 0.0, op.comm, 0])
         entry[0] += 1
         entry[1] += self_us
-        entry[3] += op.thread[1] < 0  # extended to its end marker (_until_end_markers)
+        entry[2] += share_us
+        entry[4] += op.thread[1] < 0  # extended to its end marker (_until_end_markers)
     op_time = sum(t[1] for t in totals.values())
+    op_share = sum(t[2] for t in totals.values())
     summary["op_time_ms"] = op_time / 1e3
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
+    summary["op_share_ms"] = op_share / 1e3
+    ranked = sorted(totals.items(), key=lambda kv: (-kv[1][2], -kv[1][1]))[:top]
     summary["top_ops"] = [
         {
             "name": name,
             "kind": "communication" if comm else "compute",
             "count": count,
             "total_ms": self_us / 1e3,
-            "pct": 100.0 * self_us / op_time if op_time > 0 else 0.0,
+            "share_ms": share_us / 1e3,
+            "pct": 100.0 * share_us / op_share if op_share > 0 else 0.0,
             "to_end_marker": to_marker,
         }
-        for name, (count, self_us, comm, to_marker) in ranked
+        for name, (count, self_us, share_us, comm, to_marker) in ranked
     ]
     return summary
 
@@ -345,11 +401,20 @@ def format_summary(summary: dict[str, Any], *, name_width: int = 60) -> str:
                 f"  {d['device'][:30]:<30} {d['compute_ms']:>11.3f} "
                 f"{d['communication_ms']:>10.3f} {d['idle_ms']:>10.3f}"
             )
+    marked = any(op.get("to_end_marker") for op in summary["top_ops"])
+    share = summary.get("op_share_ms", summary["op_time_ms"])
     lines += [
         "",
         f"top {len(summary['top_ops'])} ops by self time "
-        f"(of {summary['op_time_ms']:.3f} ms op time, all devices):",
-        f"  {'name':<{name_width}} {'kind':<6} {'count':>6} {'total ms':>10} {'%':>6}",
+        + (
+            f"(of {summary['op_time_ms']:.3f} ms op time, all devices):"
+            if not marked
+            else f"as the worker threads' share (of {share:.3f} ms; spans "
+            f"{summary['op_time_ms']:.3f} ms, all devices):"
+        ),
+        f"  {'name':<{name_width}} {'kind':<6} {'count':>6} {'total ms':>10}"
+        + (f" {'share ms':>10}" if marked else "")
+        + f" {'%':>6}",
     ]
     for op in summary["top_ops"]:
         mark = "*" if op.get("to_end_marker") else ""
@@ -358,12 +423,14 @@ def format_summary(summary: dict[str, Any], *, name_width: int = 60) -> str:
         name += mark
         kind = "comm" if op["kind"] == "communication" else "comp"
         lines.append(
-            f"  {name:<{name_width}} {kind:<6} {op['count']:>6d} {op['total_ms']:>10.3f} "
-            f"{op['pct']:>5.1f}%"
+            f"  {name:<{name_width}} {kind:<6} {op['count']:>6d} {op['total_ms']:>10.3f}"
+            + (f" {op.get('share_ms', op['total_ms']):>10.3f}" if marked else "")
+            + f" {op['pct']:>5.1f}%"
         )
-    if any(op.get("to_end_marker") for op in summary["top_ops"]):
+    if marked:
         lines.append(
-            "  * ran asynchronously (CPU): timed from dispatch to its end marker, waits for a "
-            "free thread included"
+            "  * ran asynchronously (CPU): total is the span from dispatch to its end marker, "
+            "waits for a free thread included; share divides the time among the ops in flight "
+            "when there were more than the process's worker threads (% of the shares)"
         )
     return "\n".join(lines)
