@@ -403,17 +403,18 @@ def format_summary(summary: dict[str, Any], *, name_width: int = 60) -> str:
             )
     marked = any(op.get("to_end_marker") for op in summary["top_ops"])
     share = summary.get("op_share_ms", summary["op_time_ms"])
+    shared = share < summary["op_time_ms"] * (1 - 1e-9)  # more ops at once than threads
     lines += [
         "",
         f"top {len(summary['top_ops'])} ops by self time "
         + (
-            f"(of {summary['op_time_ms']:.3f} ms op time, all devices):"
-            if not marked
-            else f"as the worker threads' share (of {share:.3f} ms; spans "
+            f"as the worker threads' share (of {share:.3f} ms; spans "
             f"{summary['op_time_ms']:.3f} ms, all devices):"
+            if shared
+            else f"(of {summary['op_time_ms']:.3f} ms op time, all devices):"
         ),
         f"  {'name':<{name_width}} {'kind':<6} {'count':>6} {'total ms':>10}"
-        + (f" {'share ms':>10}" if marked else "")
+        + (f" {'share ms':>10}" if shared else "")
         + f" {'%':>6}",
     ]
     for op in summary["top_ops"]:
@@ -424,13 +425,17 @@ def format_summary(summary: dict[str, Any], *, name_width: int = 60) -> str:
         kind = "comm" if op["kind"] == "communication" else "comp"
         lines.append(
             f"  {name:<{name_width}} {kind:<6} {op['count']:>6d} {op['total_ms']:>10.3f}"
-            + (f" {op.get('share_ms', op['total_ms']):>10.3f}" if marked else "")
+            + (f" {op.get('share_ms', op['total_ms']):>10.3f}" if shared else "")
             + f" {op['pct']:>5.1f}%"
         )
     if marked:
         lines.append(
             "  * ran asynchronously (CPU): total is the span from dispatch to its end marker, "
-            "waits for a free thread included; share divides the time among the ops in flight "
-            "when there were more than the process's worker threads (% of the shares)"
+            "waits for a free thread included"
+        )
+    if shared:
+        lines.append(
+            "  share: the time divided among the ops running at once where there were more "
+            "than the process's threads with op events (% of the shares)"
         )
     return "\n".join(lines)
