@@ -224,13 +224,13 @@ def test_a_cpu_op_that_runs_async_lasts_until_its_end_marker(tmp_path):
         "fusion.1": 0,
         "while.2": 0,
     }
-    # Two threads with op events (2 and 4): while three ops run, [105, 120), each gets 2/3.
-    shares = {o["name"]: round(o["share_ms"] * 1e3, 6) for o in s["top_ops"]}
-    assert shares == {"convolution.1": 85.0, "fusion.1": 27.0, "while.2": 5.0}
-    assert s["op_share_ms"] == pytest.approx(0.117, abs=EXACT)
+    # Three worker threads (2, 4, and 3, which completes the convolution): never more ops at
+    # once than that, so each op's share is its self time.
+    assert {o["name"]: round(o["share_ms"] * 1e3, 6) for o in s["top_ops"]} == totals
+    assert s["op_share_ms"] == pytest.approx(s["op_time_ms"], abs=EXACT)
     text = trace_summary.format_summary(s)
     assert "convolution.1*" in text and "fusion.1*" not in text
-    assert "the span from dispatch to its end marker" in text and "share ms" in text
+    assert "the span from dispatch to its end marker" in text and "share ms" not in text
 
 
 def test_async_ops_queued_on_a_busy_pool_are_ranked_by_their_share_of_its_threads(tmp_path):
@@ -256,6 +256,20 @@ def test_async_ops_queued_on_a_busy_pool_are_ranked_by_their_share_of_its_thread
     assert fusion["pct"] == pytest.approx(100 * 80 / 150)
     assert s["op_share_ms"] == pytest.approx(0.150) and s["op_time_ms"] == pytest.approx(0.294)
     assert s["compute_frac"] == pytest.approx(1.0)  # [0, 150) busy: the split is unchanged
+    text = trace_summary.format_summary(s)
+    assert "by their share of the worker threads (of 0.150 ms; spans 0.294 ms" in text
+    assert "share ms" in text
+
+
+def test_worker_threads_are_those_holding_a_real_part_of_a_process_s_op_events():
+    """A client thread that runs one op inline among hundreds is not a worker; a pool thread
+    holding only the end markers of the async ops it completed is; processes are counted apart."""
+    events = [_op(7, 2, "fusion.1", t, 1, hlo_op="fusion.1") for t in range(200)]
+    events += [_op(7, 3, "end: copy.1", t, 0.1) for t in range(50)]
+    events += [_op(7, 5, "copy.2", 0, 1, hlo_op="copy.2")]  # 1 of 251: under 1 %
+    events += [_op(7, 1, "PjitFunction(step)", 0, 300)]  # neither an op nor a marker
+    events += [_op(8, 2, "fusion.1", 0, 1, hlo_op="fusion.1")]
+    assert trace_summary._worker_threads(events) == {7: 2, 8: 1}
 
 
 def test_end_markers_of_back_to_back_ops_and_of_rounding_stay_with_their_ops(tmp_path):

@@ -25,7 +25,7 @@ Which events are XLA ops (the heuristic, checked against traces of JAX 0.10):
   any wait for a free pool thread: the compute/idle split counts the pool's work, and its own
   total can overstate it (ops overlap, so op time can exceed the window). So on CPU the top ops
   are ranked by each op's share of the process's worker threads (``_pool_shares``): while n ops
-  run at once on P threads with op events, n > P, each gets P / n of that time.
+  run at once on P worker threads (``_worker_threads``), n > P, each gets P / n of that time.
 
 An op is communication when its name or ``hlo_op`` looks like a collective (all-reduce,
 all-gather, reduce-scatter, all-to-all, collective-permute, send/recv, NCCL kernels, psum); all
@@ -84,7 +84,6 @@ class _Op(NamedTuple):
     device: tuple[int, int]  # (pid, device ordinal or -1): one device's timeline
     thread: tuple[int, int]  # (pid, tid): where ops nest (an async op's own: tid < 0)
     comm: bool
-    worker: tuple[int, int]  # (pid, tid): the thread whose events hold the op
 
 
 def find_trace(trace_dir: str | Path) -> Path:
@@ -142,8 +141,7 @@ def _select_ops(events: list[dict[str, Any]]) -> tuple[list[_Op], dict[tuple[int
             continue
         comm = bool(_COLLECTIVE.search(e["name"]) or _COLLECTIVE.search(args.get("hlo_op", "")))
         start = float(e["ts"])
-        thread = (pid, tid)
-        ops.append(_Op(e["name"], start, start + float(e["dur"]), device, thread, comm, thread))
+        ops.append(_Op(e["name"], start, start + float(e["dur"]), device, (pid, tid), comm))
     if not chosen:
         ops = _until_end_markers(ops, complete)
     return ops, names
@@ -252,15 +250,43 @@ def _self_segments(ops: list[_Op]) -> list[list[tuple[float, float]]]:
     return segments
 
 
-def _pool_shares(ops: list[_Op], segments: list[list[tuple[float, float]]]) -> list[float]:
+# A thread counts as one of its process's workers when it holds at least this share of the
+# process's op events and end markers: XLA:CPU's client threads run a few ops inline (~10 of
+# ~8,000 in a translation step's trace) but do not add a core's worth of work.
+_WORKER_MIN_FRACTION = 0.01
+
+
+def _worker_threads(events: list[dict[str, Any]]) -> dict[int, int]:
+    """Per process, how many threads do its ops' work (P of ``_pool_shares``): those holding at
+    least ``_WORKER_MIN_FRACTION`` of its op events and ``end:`` markers (a pool thread that
+    only completes async ops has markers alone)."""
+    held = collections.Counter(
+        (e.get("pid", 0), e.get("tid", 0))
+        for e in events
+        if e.get("ph") == "X"
+        and ("hlo_op" in (e.get("args") or {}) or str(e.get("name", "")).startswith(_END))
+    )
+    per_process = collections.Counter()
+    for (pid, _), count in held.items():
+        per_process[pid] += count
+    pool = collections.Counter()
+    for (pid, _), count in held.items():
+        pool[pid] += count >= _WORKER_MIN_FRACTION * per_process[pid]
+    return dict(pool)
+
+
+def _pool_shares(
+    ops: list[_Op], segments: list[list[tuple[float, float]]], pool: dict[int, int]
+) -> list[float]:
     """Each CPU op's share of its process's worker threads (µs): while more ops run than the
-    process has threads with op events (its pool, P), each of the n gets P / n of the time, as if
-    the pool were shared fairly; else all of it. An async op's span (dispatch to end marker)
-    includes its waits for a free thread, so with many in flight the spans overlap far past what
-    P threads can do; the shares never sum to more than P x the window."""
-    pool = collections.Counter(pid for pid, _ in {op.worker for op in ops})
+    process has workers (``pool``, P: ``_worker_threads``), each of the n gets P / n of the time,
+    as if the threads were shared fairly; else all of it. An async op's span (dispatch to end
+    marker) includes its waits for a free thread, so with many in flight the spans overlap far
+    past what P threads can do; the shares never sum to more than P x the window. A synchronous
+    op is cut too while queued async ops outnumber the threads (its thread's time is shared)."""
     shares = [0.0] * len(ops)
-    for pid, threads in pool.items():
+    for pid in {op.thread[0] for op in ops}:
+        threads = max(pool.get(pid, 0), 1)
         mine = [i for i, op in enumerate(ops) if op.thread[0] == pid]
         edges = sorted(
             (t, step)
@@ -351,7 +377,7 @@ def summarize_trace(trace_dir: str | Path, top: int = 15) -> dict[str, Any]:
     segments = _self_segments(ops)
     selfs = [sum(end - start for start, end in mine) for mine in segments]
     # CPU traces only: a GPU's ops are its streams' kernels, which run as their events say.
-    shares = _pool_shares(ops, segments) if cpu else selfs
+    shares = _pool_shares(ops, segments, _worker_threads(events)) if cpu else selfs
     # name -> [count, self µs, pool share µs, comm, calls timed to markers]
     totals: dict[str, list[Any]] = {}
     for op, self_us, share_us in zip(ops, selfs, shares, strict=True):
@@ -406,12 +432,12 @@ def format_summary(summary: dict[str, Any], *, name_width: int = 60) -> str:
     shared = share < summary["op_time_ms"] * (1 - 1e-9)  # more ops at once than threads
     lines += [
         "",
-        f"top {len(summary['top_ops'])} ops by self time "
+        f"top {len(summary['top_ops'])} ops by "
         + (
-            f"as the worker threads' share (of {share:.3f} ms; spans "
+            f"their share of the worker threads (of {share:.3f} ms; spans "
             f"{summary['op_time_ms']:.3f} ms, all devices):"
             if shared
-            else f"(of {summary['op_time_ms']:.3f} ms op time, all devices):"
+            else f"self time (of {summary['op_time_ms']:.3f} ms op time, all devices):"
         ),
         f"  {'name':<{name_width}} {'kind':<6} {'count':>6} {'total ms':>10}"
         + (f" {'share ms':>10}" if shared else "")
@@ -436,6 +462,6 @@ def format_summary(summary: dict[str, Any], *, name_width: int = 60) -> str:
     if shared:
         lines.append(
             "  share: the time divided among the ops running at once where there were more "
-            "than the process's threads with op events (% of the shares)"
+            "than the process's worker threads (% of the shares)"
         )
     return "\n".join(lines)
