@@ -252,7 +252,7 @@ def _self_segments(ops: list[_Op]) -> list[list[tuple[float, float]]]:
 
 # A thread counts as one of its process's workers when it holds at least this share of the
 # process's op events and end markers: XLA:CPU's client threads run a few ops inline (~10 of
-# ~8,000 in a translation step's trace) but do not add a core's worth of work.
+# ~8,000 in one measured trace) but do not add a core's worth of work.
 _WORKER_MIN_FRACTION = 0.01
 
 
