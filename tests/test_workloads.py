@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import toy_workload
@@ -165,3 +166,35 @@ def test_a_users_package_adds_a_workload_from_the_command_line(tmp_path):
     assert "vectors/s" in proc.stdout
     saved = (tmp_path / "run" / "config.yaml").read_text()
     assert "workload: user_pkg.regress" in saved
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cross_entropy_equals_optax_on_smoothed_one_hot_targets(dtype):
+    """The seam's cross-entropy: unsmoothed, optax's integer-label loss exactly; smoothed, optax's
+    loss on ``smooth_labels`` of the one-hot labels (values and gradients, 1e-6 relative in
+    fp32), without making the one-hot targets."""
+    import optax
+
+    from hopperjax.workloads.base import cross_entropy
+
+    keys = jax.random.split(jax.random.key(0), 2)
+    logits = (3 * jax.random.normal(keys[0], (4, 7, 50))).astype(dtype)
+    labels = jax.random.randint(keys[1], (4, 7), 0, 50)
+    plain = optax.softmax_cross_entropy_with_integer_labels(logits.astype("float32"), labels)
+    np.testing.assert_array_equal(cross_entropy(logits, labels), plain)
+    for smoothing in (0.1, 0.3):
+
+        def reference(z, s=smoothing):
+            targets = optax.smooth_labels(jax.nn.one_hot(labels, z.shape[-1]), s)
+            return optax.softmax_cross_entropy(z.astype("float32"), targets).sum()
+
+        def ours(z, s=smoothing):
+            return cross_entropy(z, labels, s).sum()
+
+        expected, expected_grad = jax.value_and_grad(reference)(logits.astype("float32"))
+        value, grad = jax.value_and_grad(ours)(logits.astype("float32"))
+        np.testing.assert_allclose(value, expected, rtol=1e-6)
+        np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-7)
+        # Smoothing moves the loss: the uniform part is counted.
+        assert abs(float(value) - float(plain.sum())) > 0.1
+        assert cross_entropy(logits, labels, smoothing).dtype == jnp.float32

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -227,4 +228,34 @@ def path_labels(params: Any, label_of: Callable[[tuple[str, ...]], str]) -> Any:
     return jax.tree_util.tree_map_with_path(label, params)
 
 
-__all__ = ["Batch", "Datasets", "Field", "ProcessShard", "Workload", "path_labels"]
+def cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: float = 0.0) -> jax.Array:
+    """Softmax cross-entropy of integer ``labels`` [...] under ``logits`` [..., classes], per
+    example, in fp32 whatever the logits' dtype (log-softmax over many classes is where low
+    precision hurts first). ``smoothing``: the targets are ``(1 - smoothing)`` on the label plus
+    ``smoothing`` spread evenly over all classes, optax's ``smooth_labels`` of the one-hot labels.
+
+    That loss is ``(1 - s) * (lse - z[label]) + s * (lse - mean(z))`` (``lse`` the logits'
+    log-sum-exp), computed so: no one-hot targets of the logits' size are made, which XLA kept as
+    one more logits-sized buffer. For the translation recipe (8,000 pieces, 8,192 target tokens
+    per batch) that took the step's temporary memory from 2,039 to 1,777 MB (``hopperjax.inspect``);
+    its step time on CPU did not change beyond the noise. Values and gradients equal
+    ``softmax_cross_entropy`` of ``smooth_labels`` to 1e-6 (``tests/test_workloads.py``).
+    """
+    logits = logits.astype(jnp.float32)
+    if not smoothing:
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    shifted = logits - jax.lax.stop_gradient(logits.max(axis=-1, keepdims=True))
+    lse = jnp.log(jnp.exp(shifted).sum(axis=-1))
+    picked = jnp.take_along_axis(shifted, labels[..., None], axis=-1)[..., 0]
+    return (1.0 - smoothing) * (lse - picked) + smoothing * (lse - shifted.mean(axis=-1))
+
+
+__all__ = [
+    "Batch",
+    "Datasets",
+    "Field",
+    "ProcessShard",
+    "Workload",
+    "cross_entropy",
+    "path_labels",
+]

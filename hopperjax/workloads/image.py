@@ -18,7 +18,6 @@ import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from hopperjax import config as config_lib
 from hopperjax.config import Config, ConfigError, RematConfig
@@ -28,7 +27,7 @@ from hopperjax.data.datasets import not_found
 from hopperjax.data.errors import DataError
 from hopperjax.models import resnet
 from hopperjax.precision import Policy
-from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload
+from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload, cross_entropy
 
 SOURCES_WITH_PATH = ("folder", "cifar_binary", "cifar_python", "shards")
 
@@ -333,19 +332,13 @@ class ImageClassification(Workload):
     # Loss and metrics
 
     def loss(self, outputs: jax.Array, batch: Any) -> jax.Array:
-        classes = outputs.shape[-1]
-        targets = optax.smooth_labels(
-            jax.nn.one_hot(batch["labels"], classes), self.config.data.label_smoothing
-        )
-        return optax.softmax_cross_entropy(outputs.astype(jnp.float32), targets).mean()
+        return cross_entropy(outputs, batch["labels"], self.config.data.label_smoothing).mean()
 
     def eval_outputs(self, outputs: jax.Array, batch: Any) -> dict[str, jax.Array]:
         """Sums over the real (label >= 0) images of the batch; padding rows count nothing."""
         labels = batch["labels"]
         real = labels >= 0
-        loss = optax.softmax_cross_entropy_with_integer_labels(
-            outputs.astype(jnp.float32), jnp.maximum(labels, 0)
-        )
+        loss = cross_entropy(outputs, jnp.maximum(labels, 0))
         correct = (jnp.argmax(outputs, axis=-1) == labels) & real
         return {
             "loss_sum": jnp.where(real, loss, 0.0).sum(),

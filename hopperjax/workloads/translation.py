@@ -23,7 +23,6 @@ import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.experimental import multihost_utils
 
 from hopperjax import config as config_lib
@@ -35,7 +34,7 @@ from hopperjax.data.errors import DataError
 from hopperjax.models import decoding, t5
 from hopperjax.precision import Policy
 from hopperjax.scoring import translation_scores
-from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload
+from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload, cross_entropy
 
 TOKENIZER_FILE = "spm.model"
 FIELDS = ("source", "source_segments", "source_positions", "target", "target_inputs",
@@ -299,23 +298,16 @@ class Translation(Workload):
     # ------------------------------------------------------------------------------------------
     # Loss and metrics
 
-    def _token_losses(self, logits: jax.Array, batch: Any, smoothing: float) -> jax.Array:
-        logits = logits.astype(jnp.float32)
-        if not smoothing:
-            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["target"])
-        targets = optax.smooth_labels(jax.nn.one_hot(batch["target"], logits.shape[-1]), smoothing)
-        return optax.softmax_cross_entropy(logits, targets)
-
     def loss(self, outputs: jax.Array, batch: Any) -> jax.Array:
         """Mean cross-entropy over the real target tokens (padding slots count nothing)."""
         real = (batch["target_segments"] > 0).astype(jnp.float32)
-        losses = self._token_losses(outputs, batch, self.config.data.label_smoothing)
+        losses = cross_entropy(outputs, batch["target"], self.config.data.label_smoothing)
         return (losses * real).sum() / jnp.maximum(real.sum(), 1.0)
 
     def eval_outputs(self, outputs: jax.Array, batch: Any) -> dict[str, jax.Array]:
         """Sums over the real target tokens, so that means over many batches are exact."""
         real = batch["target_segments"] > 0
-        losses = self._token_losses(outputs, batch, 0.0)
+        losses = cross_entropy(outputs, batch["target"])
         correct = (jnp.argmax(outputs, axis=-1) == batch["target"]) & real
         return {
             "loss_sum": jnp.where(real, losses, 0.0).sum(),
