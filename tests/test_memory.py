@@ -15,7 +15,7 @@ from hopperjax.inspect import inspect_config
 from hopperjax.memory import budget, offload
 from hopperjax.observe import hlo
 from hopperjax.trainer import measure
-from hopperjax.workloads.lm import cross_entropy
+from hopperjax.workloads.base import cross_entropy
 
 POLICIES = {
     "full": ["remat.policy=full"],

@@ -12,7 +12,7 @@ from hopperjax.config import ConfigError
 from hopperjax.models import layers
 from hopperjax.precision.fp8 import FP8_COLLECTION, transformer_engine_error
 from hopperjax.trainer import build_components
-from hopperjax.workloads.lm import cross_entropy
+from hopperjax.workloads.base import cross_entropy
 
 
 def test_bf16_forward_matches_fp32_within_bf16_rounding(tiny_config):

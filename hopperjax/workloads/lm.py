@@ -17,7 +17,6 @@ import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from hopperjax import config as config_lib
 from hopperjax import files
@@ -27,7 +26,7 @@ from hopperjax.data.datasets import not_found
 from hopperjax.models import gpt
 from hopperjax.models.transformer import BLOCK_ACTIVATIONS, BLOCK_DENSE_LAYERS
 from hopperjax.precision import Policy
-from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload
+from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload, cross_entropy
 
 VOCAB_FILE = "vocab.json"
 
@@ -59,15 +58,6 @@ class TextMeta:
 
     vocab_size: int
     chars: str | None = None
-
-
-def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """logits: [batch, length, vocab]; targets: [batch, length] -> per-token loss [batch, length].
-
-    Computed in fp32 whatever the compute dtype: log-softmax over a large vocabulary is where
-    low precision hurts first.
-    """
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
 
 
 class LanguageModeling(Workload):
