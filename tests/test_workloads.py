@@ -12,6 +12,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import toy_workload
 from conftest import REPO
@@ -20,7 +21,7 @@ import hopperjax
 from hopperjax import workloads
 from hopperjax.config import ConfigError
 from hopperjax.trainer.step import preprocess_key
-from hopperjax.workloads.base import Workload
+from hopperjax.workloads.base import Workload, cross_entropy
 
 STEPS, BATCH = 6, 16
 
@@ -171,12 +172,9 @@ def test_a_users_package_adds_a_workload_from_the_command_line(tmp_path):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cross_entropy_equals_optax_on_smoothed_one_hot_targets(dtype):
     """The seam's cross-entropy: unsmoothed, optax's integer-label loss exactly; smoothed, optax's
-    loss on ``smooth_labels`` of the one-hot labels (values 1e-6 relative, gradients 1e-6), without
-    making the one-hot targets; from bf16 logits too, whose gradient comes back in bf16."""
-    import optax
-
-    from hopperjax.workloads.base import cross_entropy
-
+    loss on ``smooth_labels`` of the one-hot labels (values 1e-6 relative, gradients 1e-6); from
+    bf16 logits too, whose gradient comes back in bf16. (The memory it saves: docs/translation.md's
+    ``hopperjax.inspect`` figures.)"""
     keys = jax.random.split(jax.random.key(0), 2)
     logits = (3 * jax.random.normal(keys[0], (4, 7, 50))).astype(dtype)
     labels = jax.random.randint(keys[1], (4, 7), 0, 50)
