@@ -153,7 +153,9 @@ class OptimConfig:
 
     Ranges: ``base_lr``, ``eps``, ``row_lr``, ``row_eps`` and ``clip_norm`` > 0;
     ``weight_decay`` >= 0; ``b1``, ``b2`` (adamw, lamb) and ``momentum`` (sgd, lars) in
-    [0, 1); ``min_lr_ratio`` in [0, 1]; ``warmup_steps`` in [0, 2**31).
+    [0, 1); ``min_lr_ratio`` and ``warmup_init_ratio`` in [0, 1]; ``warmup_steps`` in
+    [0, 2**31). ``warmup_init_ratio``: the warmup starts at this fraction of the peak (0: from
+    about zero).
     """
 
     name: Literal["adamw", "sgd", "lamb", "lars"] = "adamw"
@@ -162,6 +164,7 @@ class OptimConfig:
     lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
     schedule: Literal["cosine", "linear", "constant", "rsqrt"] = "cosine"
     warmup_steps: int = 0
+    warmup_init_ratio: float = 0.0
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     b1: float = 0.9
@@ -828,8 +831,9 @@ def validate(config: Config) -> None:
             raise ConfigError(f"optim.{key}", f"expected 0 <= {key} < 1, got {decay}")
     if o.warmup_steps < 0:
         raise ConfigError("optim.warmup_steps", f"expected >= 0, got {o.warmup_steps}")
-    if not 0.0 <= o.min_lr_ratio <= 1.0:
-        raise ConfigError("optim.min_lr_ratio", f"expected a ratio in [0, 1], got {o.min_lr_ratio}")
+    for key in ("min_lr_ratio", "warmup_init_ratio"):
+        if not 0.0 <= getattr(o, key) <= 1.0:
+            raise ConfigError(f"optim.{key}", f"expected a ratio in [0, 1], got {getattr(o, key)}")
     if o.weight_decay < 0:
         raise ConfigError("optim.weight_decay", f"expected >= 0, got {o.weight_decay}")
 

@@ -42,7 +42,8 @@ def build_schedule(
     or ``rsqrt``: the inverse-square-root decay of the Transformer and fairseq.
 
     Warmup is lr = peak * (step + 1) / (warmup + 1), so step 0 already learns and step ``warmup``
-    is exactly at the peak; cosine and linear decay reach their floor at ``total_steps``. ``rsqrt``
+    is exactly at the peak (with ``warmup_init_ratio`` r: peak * (r + (1 - r) * that fraction),
+    from r x peak); cosine and linear decay reach their floor at ``total_steps``. ``rsqrt``
     ignores ``total_steps``: lr = peak * sqrt((warmup + 1) / (step + 1)) after warmup (peak at
     step ``warmup``, half of it at step ``4 * (warmup + 1) - 1``), never below
     ``min_lr_ratio * peak``.
@@ -55,7 +56,8 @@ def build_schedule(
 
     def schedule(step: jax.Array) -> jax.Array:
         step = jnp.asarray(step, jnp.float32)
-        warm = peak * (step + 1.0) / (warmup + 1.0)
+        start = config.warmup_init_ratio
+        warm = peak * (start + (1.0 - start) * (step + 1.0) / (warmup + 1.0))
         progress = jnp.clip((step - warmup) / decay_steps, 0.0, 1.0)
         if kind == "cosine":
             decayed = floor + 0.5 * (peak - floor) * (1.0 + jnp.cos(jnp.pi * progress))

@@ -288,6 +288,8 @@ def test_imagenet_recipe_trains_on_photos_of_any_shape_decoded_in_the_pipeline(t
         (["data.std=0.2,0,0.2"], "data.std", "three comma-separated positive numbers"),
         (["data.crop_padding=32"], "data.crop_padding", "padding < data.image_size"),
         (["model.bn_momentum=1"], "model.bn_momentum", "0 <= momentum < 1"),
+        (["model.bn_bias_lr_scale=64"], "model.bn_bias_lr_scale", "needs optim.name=sgd"),
+        (["data.tta_translate=32"], "data.tta_translate", "0 <= shift < data.image_size"),
     ],
 )
 def test_bad_image_keys_are_named(overrides, key, message, tmp_path):

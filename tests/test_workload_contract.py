@@ -38,6 +38,20 @@ VARIANTS = {
             "data.synthetic_drugs=4",
         ),
     ),
+    # airbench: frozen whitening filters from the training images (restored without the data),
+    # BatchNorm biases in a group of their own, multi-crop test-time augmentation.
+    "image-airbench": (
+        "image",
+        (
+            "model.arch=airbench",
+            "model.init=dirac",
+            "model.bn_bias_lr_scale=64",
+            "optim.name=sgd",
+            "model.whiten_images=64",
+            "data.tta_translate=1",
+            "data.tta_flip=true",
+        ),
+    ),
     # Row-sparse tables: accumulators in the state (exact resume), no dense table gradient.
     "recommendation-sparse": ("recommendation", ("model.sparse_updates=true",)),
     # Table-wise: one grouped table [groups, rows, dim], updated row-sparsely group by group.

@@ -382,7 +382,7 @@ DATASETS: dict[str, Dataset] = {
             "cifar10",
             "md5 " + " / ".join(CIFAR_MD5.values()) + " (binary / python)",
             _cifar,
-            ("cifar10_resnet.yaml", "cifar10_resnet18.yaml"),
+            ("cifar10_resnet.yaml", "cifar10_resnet18.yaml", "cifar10_airbench.yaml"),
         ),
         Dataset(
             "multi30k",

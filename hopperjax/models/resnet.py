@@ -1,4 +1,5 @@
-"""ResNets for image classification: ResNet-18/34/50 (v1.5) and the small, fast ResNet-9.
+"""ResNets for image classification: ResNet-18/34/50 (v1.5), the small, fast ResNet-9, and the
+airbench network (no residuals; faster still).
 
 NHWC throughout. Convolutions and the classifier compute in the policy's dtype on fp32 master
 weights; BatchNorm keeps its statistics and normalization arithmetic in fp32 whatever the compute
@@ -13,6 +14,15 @@ global batch: under the jitted SPMD step the mean over the batch axis spans ever
   each double the width and max-pool, residual pairs after the first and third, a global max
   pool and a classifier whose logits are scaled by ``logit_scale`` (0.125 in its recipe). Its
   stem is its own (``stem`` is ignored).
+- ``airbench``: the network of Jordan's airbench94 (2024, after tysam-code's hlb-CIFAR10): a
+  frozen 2x2 whitening convolution (24 filters: the training patches' covariance eigenvectors
+  scaled by 1 / sqrt(eigenvalue), and their negatives; its bias trains), GELU, then three
+  groups of (3x3 convolution, 2x2 max pool, BatchNorm, GELU, 3x3 convolution, BatchNorm,
+  GELU) of ``width``, ``4 width``, ``4 width`` channels, a global max pool and a bias-free
+  classifier scaled by ``logit_scale`` (1/9 in its recipe). Its BatchNorms have no scale
+  (fixed at 1). The whitening filters come from data (``whitening_filters``, computed by the
+  workload from the training images); a model built without them (restore, export, inspect)
+  starts from identity patches and takes the trained values from the checkpoint.
 
 ``zero_init_residual`` starts each ResNet-18/34/50 block's last BatchNorm scale at 0, so every
 residual block begins as the identity (Goyal et al. 2017); ResNet-9's branches end in a ReLU and
@@ -29,6 +39,7 @@ from typing import Any, Literal
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hopperjax import config as config_lib
 from hopperjax.config import ConfigError, RematConfig
@@ -36,6 +47,8 @@ from hopperjax.memory.remat import remat_block
 from hopperjax.models import layers
 from hopperjax.precision import Policy
 
+AIRBENCH_WIDTHS = (1, 4, 4)  # channels of airbench's three groups, in units of ``width``
+WHITEN_KERNEL = 2  # the side of airbench's whitening patches
 ARCHS = {"resnet18": (2, 2, 2, 2), "resnet34": (3, 4, 6, 3), "resnet50": (3, 4, 6, 3)}
 BOTTLENECK = {"resnet50"}
 EXPANSION = 4  # bottleneck output channels / inner channels
@@ -57,10 +70,17 @@ class ResNetConfig(config_lib.ModelConfig):
     variance 1 / (3 fan-in), ~2.4x smaller in std for a square 3x3 layer). Behind BatchNorm
     the scale sets no activation, but it sets the effective learning rate (a weight's update
     relative to its norm): with weight decay a recipe tuned in PyTorch with its default
-    initializer (ResNet-9's) trains differently from the He start.
+    initializer (ResNet-9's) trains differently from the He start. ``dirac``: ``torch``, then
+    each convolution's first ``min(in, out)`` filters are the identity (a delta at the centre
+    on their own input channel), so every layer starts close to passing its input on
+    (airbench's initializer).
+    ``whiten_images`` / ``whiten_eps``: airbench's whitening filters come from the 2x2 patches of
+    this many training images (a seeded sample), eigenvalues floored by ``whiten_eps``.
+    ``bn_bias_lr_scale``: BatchNorm biases train with this multiple of the learning rate (their
+    weight decay per step stays the configured one): airbench's 64.
     """
 
-    arch: Literal["resnet9", "resnet18", "resnet34", "resnet50"] = "resnet18"
+    arch: Literal["resnet9", "resnet18", "resnet34", "resnet50", "airbench"] = "resnet18"
     width: int = 64
     stem: Literal["cifar", "imagenet"] = "cifar"
     num_classes: int = 10
@@ -68,11 +88,15 @@ class ResNetConfig(config_lib.ModelConfig):
     bn_eps: float = 1e-5
     zero_init_residual: bool = True
     logit_scale: float = 1.0
-    init: Literal["he", "torch"] = "he"
+    init: Literal["he", "torch", "dirac"] = "he"
+    whiten_images: int = 5000
+    whiten_eps: float = 5e-4
+    bn_bias_lr_scale: float = 1.0
 
     def validate(self) -> None:
         """Raises ConfigError naming the ``model.*`` key of the first bad value."""
-        for key in ("width", "num_classes", "bn_eps", "logit_scale"):
+        for key in ("width", "num_classes", "bn_eps", "logit_scale", "whiten_images",
+                    "whiten_eps", "bn_bias_lr_scale"):  # fmt: skip
             config_lib.positive(f"model.{key}", getattr(self, key))
         if not 0.0 <= self.bn_momentum < 1.0:
             raise ConfigError(
@@ -85,9 +109,27 @@ class ResNetConfig(config_lib.ModelConfig):
 
 
 def _kernel_init(scheme: str) -> Any:
-    if scheme == "torch":  # PyTorch's Conv2d / Linear default: kaiming_uniform(a=sqrt(5))
-        return nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+    if scheme in ("torch", "dirac"):  # PyTorch's Conv2d / Linear default: kaiming_uniform(a=√5)
+        torch_init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+        return _dirac(torch_init) if scheme == "dirac" else torch_init
     return nn.initializers.variance_scaling(2.0, "fan_out", "normal")  # He init, fan-out
+
+
+def _dirac(base: Any) -> Any:
+    """``base``, with a convolution kernel's [kh, kw, in, out] first ``min(in, out)`` filters
+    replaced by the identity (1 at the centre tap of their own input channel). A dense kernel
+    (2-D) keeps ``base``."""
+
+    def init(key: jax.Array, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+        kernel = base(key, shape, dtype)
+        if len(shape) != 4:
+            return kernel
+        kh, kw, cin, cout = shape
+        n = min(cin, cout)
+        eye = jnp.zeros((kh, kw, cin, n), dtype).at[kh // 2, kw // 2, :n, :n].set(jnp.eye(n))
+        return kernel.at[..., :n].set(eye)
+
+    return init
 
 
 def _conv(features: int, kernel: int, stride: int, policy: Policy, name: str, *, split_in=True,
@@ -106,12 +148,14 @@ def _conv(features: int, kernel: int, stride: int, policy: Policy, name: str, *,
     )
 
 
-def _norm(config: ResNetConfig, policy: Policy, name: str, *, zero: bool = False):
+def _norm(config: ResNetConfig, policy: Policy, name: str, *, zero: bool = False,
+          scale: bool = True):  # fmt: skip
     return nn.BatchNorm(
         momentum=config.bn_momentum,
         epsilon=config.bn_eps,
         dtype=policy.compute_dtype,
         param_dtype=jnp.float32,
+        use_scale=scale,
         scale_init=nn.with_logical_partitioning(
             nn.initializers.zeros if zero else nn.initializers.ones, ("conv_out",)
         ),
@@ -199,6 +243,63 @@ class Residual(nn.Module):
         return x + ConvBN(self.features, 3, 1, c, p, name="b")(y, train)
 
 
+class ConvGroup(nn.Module):
+    """airbench's group: conv, 2x2 max pool, BatchNorm, GELU, conv, BatchNorm, GELU. Its
+    BatchNorms have no scale."""
+
+    features: int
+    config: ResNetConfig
+    policy: Policy
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        c, p = self.config, self.policy
+        for i in range(2):
+            x = _conv(self.features, 3, 1, p, f"conv{i}", scheme=c.init)(x)
+            if i == 0:
+                x = nn.max_pool(x, (2, 2), strides=(2, 2))
+            norm = _norm(c, p, f"bn{i}", scale=False)
+            x = nn.gelu(norm(x, use_running_average=not train), approximate=False)
+        return x
+
+
+def identity_patches(channels: int = 3) -> jax.Array:
+    """Whitening filters [k, k, channels, 2 * k * k * channels] that pass each patch value on
+    (and its negative): the stand-in a model built without training images starts from."""
+    k = WHITEN_KERNEL
+    eye = jnp.eye(k * k * channels).reshape(k, k, channels, -1)
+    return jnp.concatenate([eye, -eye], axis=-1)
+
+
+def whitening_filters(images: Any, mean: Any, std: Any, eps: float) -> tuple:
+    """airbench's whitening filters from uint8 images [N, H, W, C]: the eigenvectors of the
+    (uncentred) covariance of every 2x2 patch of the normalized images, each divided by
+    sqrt(its eigenvalue + ``eps``), largest first, then their negatives. Returns the
+    [k, k, C, 2 k k C] kernel's values, flattened, as a tuple of floats (a hashable module
+    attribute)."""
+    k = WHITEN_KERNEL
+    x = (np.asarray(images, np.float32) / 255.0 - np.asarray(mean, np.float32)) / np.asarray(
+        std, np.float32
+    )
+    n, h, w, c = x.shape
+    dims = k * k * c
+    moment = np.zeros((dims, dims), np.float64)
+    for start in range(0, n, 500):  # a few hundred MB of patches at a time, not all at once
+        part = x[start : start + 500]
+        patches = np.stack(
+            [part[:, i : h - k + 1 + i, j : w - k + 1 + j] for i in range(k) for j in range(k)],
+            axis=3,
+        )  # [b, h', w', k*k, c]: the kernel's (row, column, channel) order once flattened
+        flat = patches.reshape(-1, dims).astype(np.float64)
+        moment += flat.T @ flat
+    moment /= n * (h - k + 1) * (w - k + 1)
+    values, vectors = np.linalg.eigh(moment)
+    order = np.argsort(values)[::-1]
+    scaled = vectors[:, order] / np.sqrt(values[order] + eps)  # [dims, dims]: one per column
+    filters = np.concatenate([scaled, -scaled], axis=1).reshape(k, k, c, 2 * dims)
+    return tuple(float(v) for v in filters.ravel())
+
+
 # ---------------------------------------------------------------------------------------------
 # Networks
 
@@ -209,19 +310,22 @@ class ResNet(nn.Module):
     config: ResNetConfig
     policy: Policy
     remat: RematConfig
+    # airbench: its whitening kernel's values (``whitening_filters``), or None (identity patches)
+    whitening: tuple[float, ...] | None = None
 
     @nn.compact
     def __call__(self, images: jax.Array, deterministic: bool = True) -> jax.Array:
         c, p = self.config, self.policy
         train = not deterministic
         x = images.astype(p.compute_dtype)
-        x = self._resnet9(x, train) if c.arch == "resnet9" else self._resnet(x, train)
+        body = {"resnet9": self._resnet9, "airbench": self._airbench}.get(c.arch, self._resnet)
+        x = body(x, train)
         head = layers.dense(
             c.num_classes,
             axes=("conv_in", None),
             policy=p,
             std=1.0,  # unused: init below
-            use_bias=True,
+            use_bias=c.arch != "airbench",
             kernel_init=nn.initializers.lecun_normal() if c.init == "he" else _kernel_init(c.init),
             name="head",
         )
@@ -256,6 +360,32 @@ class ResNet(nn.Module):
                 x = residual(width, c, p, name=f"stage{stage}_res")(x, train)
         return x.max(axis=(1, 2))
 
+    def _airbench(self, x: jax.Array, train: bool) -> jax.Array:
+        c, p = self.config, self.policy
+        channels = x.shape[-1]
+
+        def whitening_init(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+            del key
+            if self.whitening is None:
+                return identity_patches(channels).astype(dtype)
+            return jnp.asarray(self.whitening, dtype).reshape(shape)
+
+        k = WHITEN_KERNEL
+        whiten = layers.conv(
+            p,
+            2 * k * k * channels,
+            (k, k),
+            padding="VALID",
+            use_bias=True,
+            kernel_init=nn.with_logical_partitioning(whitening_init, (None, None, None, None)),
+            name="whiten",
+        )
+        x = nn.gelu(whiten(x), approximate=False)
+        group = remat_block(ConvGroup, self.remat, static_argnums=TRAIN)
+        for i, units in enumerate(AIRBENCH_WIDTHS):
+            x = group(c.width * units, c, p, name=f"group{i}")(x, train)
+        return x.max(axis=(1, 2))  # at 32x32 the 3x3 map's max: airbench's MaxPool2d(3)
+
 
 # ---------------------------------------------------------------------------------------------
 # FLOPs
@@ -275,6 +405,18 @@ def forward_flops(config: ResNetConfig, image_size: int) -> tuple[int, int]:
     """
     c = config
     total = 0
+    if c.arch == "airbench":
+        k, side = WHITEN_KERNEL, image_size - WHITEN_KERNEL + 1
+        cin = 2 * k * k * 3
+        first = 2 * side * side * k * k * 3 * cin
+        total = first
+        for units in AIRBENCH_WIDTHS:
+            width = c.width * units
+            flops, side = _conv_flops(side, 3, 1, cin, width)
+            side //= 2
+            total += flops + _conv_flops(side, 3, 1, width, width)[0]
+            cin = width
+        return total + 2 * cin * c.num_classes, first
     if c.arch == "resnet9":
         first, side = _conv_flops(image_size, 3, 1, 3, c.width)
         total, cin = first, c.width
@@ -315,6 +457,7 @@ def forward_flops(config: ResNetConfig, image_size: int) -> tuple[int, int]:
 
 def train_flops_per_step(config: ResNetConfig, *, batch_size: int, image_size: int) -> float:
     """Forward + backward GEMM FLOPs of one step: 3 x forward, less the first convolution's
-    input gradient, which nothing needs (the images are not trained)."""
+    input gradient, which nothing needs (the images are not trained). airbench's frozen
+    whitening filters still get their gradient (the step's gradient norm counts it)."""
     forward, first = forward_flops(config, image_size)
     return float(batch_size * (3 * forward - first))

@@ -18,6 +18,7 @@ import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from hopperjax import config as config_lib
 from hopperjax.config import Config, ConfigError, RematConfig
@@ -27,9 +28,18 @@ from hopperjax.data.datasets import not_found
 from hopperjax.data.errors import DataError
 from hopperjax.models import resnet
 from hopperjax.precision import Policy
-from hopperjax.workloads.base import Datasets, Field, ProcessShard, Workload, cross_entropy
+from hopperjax.workloads.base import (
+    Datasets,
+    Field,
+    ProcessShard,
+    Workload,
+    cross_entropy,
+    path_labels,
+)
 
 SOURCES_WITH_PATH = ("folder", "cifar_binary", "cifar_python", "shards")
+FROZEN = "frozen"  # param_labels: not trained (airbench's whitening filters)
+NORM_BIAS = "norm_bias"  # param_labels: BatchNorm biases at model.bn_bias_lr_scale x the LR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +61,9 @@ class ImageData(config_lib.DataConfig):
     padding before the random crop (0: no crop); ``flip``: random horizontal flips; ``cutout``:
     side of a random square set to the mean
     (0: off); ``tta_flip``: eval averages the logits of each image and its mirror.
+    ``tta_translate``: eval also averages over the image shifted by this many pixels (reflect
+    padded) up-left and down-right, each with its mirror when ``tta_flip``: the centre weighs
+    half, the two shifts a quarter each (airbench's multi-crop; 0: off).
     ``label_smoothing``: of the cross-entropy targets (training loss only).
     ``resize``: folder images of any shape are scaled (shorter side to ``image_size``) and
     centre-cropped square on the host. ``preload``: decode every image when the run starts (in
@@ -76,6 +89,7 @@ class ImageData(config_lib.DataConfig):
     flip: bool = True
     cutout: int = 0
     tta_flip: bool = False
+    tta_translate: int = 0
     label_smoothing: float = 0.0
     resize: bool = False
     preload: bool = True
@@ -138,6 +152,10 @@ class ImageClassification(Workload):
     def validate_config(cls, config: Config) -> None:
         m, d = config.model, config.data
         m.validate()
+        if m.bn_bias_lr_scale != 1.0 and config.optim.name != "sgd":
+            raise ConfigError(
+                "model.bn_bias_lr_scale", f"needs optim.name=sgd, got {config.optim.name}"
+            )
         config_lib.positive("data.image_size", d.image_size)
         d.channel_stats()
         if not 0 <= d.crop_padding < d.image_size:
@@ -148,6 +166,11 @@ class ImageClassification(Workload):
         if not 0 <= d.cutout <= d.image_size:
             raise ConfigError(
                 "data.cutout", f"expected 0 <= cutout <= data.image_size, got {d.cutout}"
+            )
+        if not 0 <= d.tta_translate < d.image_size:
+            raise ConfigError(
+                "data.tta_translate",
+                f"expected 0 <= shift < data.image_size, got {d.tta_translate}",
             )
         if not 0.0 <= d.label_smoothing < 1.0:
             raise ConfigError(
@@ -189,7 +212,55 @@ class ImageClassification(Workload):
             config_lib.positive("data.synthetic_classes", d.synthetic_classes)
 
     def build_model(self, policy: Policy, remat: RematConfig) -> resnet.ResNet:
-        return resnet.ResNet(config=self.config.model, policy=policy, remat=remat)
+        """The network; airbench's whitening filters are the training images' once
+        ``build_datasets`` has read them, else identity patches (restore and export take the
+        trained values from the checkpoint)."""
+        return resnet.ResNet(
+            config=self.config.model, policy=policy, remat=remat, whitening=self._whitening
+        )
+
+    _whitening: tuple[float, ...] | None = None
+
+    def _fit_whitening(self, train: Any) -> None:
+        """airbench: its whitening filters from ``model.whiten_images`` training images (a
+        sample seeded by ``seed``, the same on every process)."""
+        m = self.config.model
+        count = min(m.whiten_images, len(train))
+        order = np.sort(np.random.default_rng(self.config.seed).permutation(len(train))[:count])
+        mean, std = self.config.data.channel_stats()
+        images = train.batch(order)["images"]
+        self._whitening = resnet.whitening_filters(images, mean, std, m.whiten_eps)
+
+    def param_labels(self, params: Any) -> Any | None:
+        """airbench's whitening kernel is frozen; with ``model.bn_bias_lr_scale`` other than 1,
+        BatchNorm biases are a group of their own."""
+        m = self.config.model
+        if m.arch != "airbench" and m.bn_bias_lr_scale == 1.0:
+            return None
+
+        def label(path: tuple[str, ...]) -> str:
+            if path[-2:] == ("whiten", "kernel"):
+                return FROZEN
+            if m.bn_bias_lr_scale != 1.0 and path[-1] == "bias" and path[-2].startswith("bn"):
+                return NORM_BIAS
+            return "default"
+
+        return path_labels(params, label)
+
+    def group_optimizers(self, schedule: optax.Schedule) -> dict[str, Any]:
+        """BatchNorm biases: the configured SGD at ``bn_bias_lr_scale`` x the learning rate,
+        with the weight decay divided by it (the decay per step, lr x wd, stays the configured
+        one, as in airbench's PyTorch parameter groups)."""
+        o, m = self.config.optim, self.config.model
+        groups: dict[str, Any] = {FROZEN: optax.set_to_zero()}
+        if m.bn_bias_lr_scale != 1.0:
+            scale = m.bn_bias_lr_scale
+            groups[NORM_BIAS] = optax.chain(
+                optax.add_decayed_weights(o.weight_decay / scale),
+                optax.sgd(lambda step: scale * schedule(step), momentum=o.momentum,
+                          nesterov=o.nesterov),
+            )  # fmt: skip
+        return groups
 
     def _read(self) -> tuple[Any, Any]:
         """(train, held-out): ``ImageSet``s, or with ``data.preload`` false ``ImageFiles``
@@ -241,6 +312,8 @@ class ImageClassification(Workload):
         train_cfg = config.train
         eval_batch = train_cfg.eval_batch_size or train_cfg.batch_size
         train, held = self._read()
+        if config.model.arch == "airbench":
+            self._fit_whitening(train)
         if len(train.classes) > config.model.num_classes:
             raise ConfigError(
                 "model.num_classes",
@@ -322,10 +395,22 @@ class ImageClassification(Workload):
         return (batch["images"],)
 
     def predict(self, model: Any, variables: dict[str, Any], batch: Any) -> jax.Array:
-        logits = model.apply(variables, batch["images"], deterministic=True)
-        if self.config.data.tta_flip:
-            mirrored = model.apply(variables, batch["images"][:, :, ::-1], deterministic=True)
-            logits = (logits + mirrored) / 2
+        d = self.config.data
+
+        def view(x: jax.Array) -> jax.Array:  # the logits of x, averaged with its mirror's
+            logits = model.apply(variables, x, deterministic=True)
+            if d.tta_flip:
+                logits = (logits + model.apply(variables, x[:, :, ::-1], deterministic=True)) / 2
+            return logits
+
+        x = batch["images"]
+        logits = view(x)
+        if d.tta_translate:
+            s = d.tta_translate
+            height, width = x.shape[1:3]
+            padded = jnp.pad(x, ((0, 0), (s, s), (s, s), (0, 0)), mode="reflect")
+            shifted = [padded[:, :height, :width], padded[:, 2 * s :, 2 * s :]]
+            logits = logits / 2 + sum(view(v) for v in shifted) / 4
         return logits
 
     # ------------------------------------------------------------------------------------------
