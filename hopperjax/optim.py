@@ -98,17 +98,41 @@ def build_optimizer(
 
     Per-group optimizers (a workload's ``param_labels``): leaves labelled ``DEFAULT_GROUP`` get
     the configured optimizer, every other label the transformation ``group_optimizers(schedule)``
-    gives it, through ``optax.multi_transform``. Clipping by the global norm comes first, over
-    all gradients.
+    gives it, through ``optax.multi_transform``; labels of None: the configured optimizer alone.
+    Clipping by the global norm comes first, over all gradients.
     """
     lr = build_schedule(config, total_steps=total_steps, global_batch_size=global_batch_size)
     opt = _optimizer(config, lr)
     if param_labels is not None:
         groups = {DEFAULT_GROUP: opt, **(group_optimizers(lr) if group_optimizers else {})}
-        opt = optax.multi_transform(groups, _checked_labels(param_labels, set(groups)))
+        opt = _grouped(opt, groups, param_labels)
     if config.clip_norm is not None:
         opt = optax.chain(optax.clip_by_global_norm(config.clip_norm), opt)
     return opt, lr
+
+
+def _grouped(
+    opt: optax.GradientTransformation,
+    groups: dict[str, optax.GradientTransformation],
+    param_labels: Callable[[Any], Any],
+) -> optax.GradientTransformation:
+    """``optax.multi_transform`` over ``groups`` where ``param_labels`` labels the parameters,
+    and ``opt`` alone (its state, not a one-group wrapper's) where it returns None: a workload
+    whose groups depend on its config keeps the plain optimizer's state, and the checkpoints
+    it wrote before it had groups, in the configs without them."""
+    multi = optax.multi_transform(groups, _checked_labels(param_labels, set(groups)))
+
+    def ungrouped(tree: Any) -> bool:  # the labels depend on the tree's structure alone
+        return param_labels(tree) is None
+
+    def init(params: Any) -> Any:
+        return opt.init(params) if ungrouped(params) else multi.init(params)
+
+    def update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+        chosen = opt if ungrouped(updates if params is None else params) else multi
+        return chosen.update(updates, state, params)
+
+    return optax.GradientTransformation(init, update)
 
 
 def _checked_labels(param_labels: Callable[[Any], Any], known: set[str]) -> Callable[[Any], Any]:

@@ -78,15 +78,19 @@ def _image_config(tmp_path, *overrides):
 
 
 def test_the_data_sets_the_whitening_and_the_groups_train_it_not_and_biases_64x(tmp_path):
-    """The run's whitening kernel is the filters of its seeded sample of training images; the
-    optimizer leaves it alone, and moves BatchNorm biases 64x as far as the other group would
-    for the same gradient, with the same weight decay per step."""
-    parts = build_components(_image_config(tmp_path, "model.bn_bias_lr_scale=64"))
+    """The run's whitening kernel is the filters of its training images (all of them: more
+    asked for than there are); the optimizer leaves it alone, and moves BatchNorm biases 64x as
+    far as the other group would for the same gradient, with the same weight decay per step."""
+    config = _image_config(tmp_path, "model.bn_bias_lr_scale=64", "model.whiten_images=100000")
+    parts = build_components(config)
     state = parts.init_state()
     whiten = np.asarray(state.params["whiten"]["kernel"])
-    assert not np.array_equal(whiten, np.asarray(resnet.identity_patches()))
     workload = parts.workload
-    assert whiten.ravel().tolist() == pytest.approx(list(workload._whitening), rel=1e-6)
+    train, _ = workload._read()
+    images = train.batch(np.arange(len(train)))["images"]
+    expected = resnet.whitening_filters(images, *config.data.channel_stats(), eps=5e-4)
+    np.testing.assert_allclose(whiten.ravel(), np.asarray(expected), rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(whiten, np.asarray(resnet.identity_patches()))
     params = jax.device_get(state.params)
     params["group0"]["bn0"]["bias"] = np.full_like(params["group0"]["bn0"]["bias"], 0.5)
     grads = jax.tree.map(np.ones_like, params)

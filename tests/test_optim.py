@@ -284,3 +284,34 @@ def test_weight_decay_follows_the_mask(name):
     updates, _ = tx.update(grads, tx.init(params), params)
     assert float(jnp.max(jnp.abs(updates["w"]["kernel"]))) > 1e-4, "kernel was not decayed"
     np.testing.assert_array_equal(updates["n"]["scale"], 0.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Parameter groups
+
+
+def test_labels_of_none_keep_the_plain_optimizer_and_its_state_and_labels_group_it():
+    """A workload whose config has no groups (its ``param_labels`` gives None) trains with the
+    configured optimizer's own state, the one its checkpoints held before the workload had
+    groups; labels route each leaf to its group's optimizer."""
+    config = OptimConfig(name="sgd", base_lr=0.1, momentum=0.9, schedule="constant",
+                         warmup_steps=0, clip_norm=None, weight_decay=0.0)  # fmt: skip
+    params = {"a": jnp.ones(3), "b": jnp.ones(2)}
+    grads = {"a": jnp.full(3, 2.0), "b": jnp.full(2, 2.0)}
+    plain, _ = build_optimizer(config, total_steps=10, global_batch_size=1)
+    groups = {"frozen": optax.set_to_zero()}
+    frozen_b = {"a": "default", "b": "frozen"}
+    for labels, moved in ((None, ("a", "b")), (frozen_b, ("a",))):
+        tx, _ = build_optimizer(config, total_steps=10, global_batch_size=1,
+                                param_labels=lambda tree, labels=labels: labels,
+                                group_optimizers=lambda schedule: groups)  # fmt: skip
+        state = tx.init(params)
+        if labels is None:
+            same = jax.tree.structure(state) == jax.tree.structure(plain.init(params))
+            assert same, state
+        else:
+            assert jax.tree.structure(state) != jax.tree.structure(plain.init(params))
+        updates, state = jax.jit(tx.update)(grads, state, params)
+        for name in params:
+            expected = -0.2 if name in moved else 0.0
+            np.testing.assert_allclose(updates[name], expected, rtol=RTOL)

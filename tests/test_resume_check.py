@@ -53,3 +53,30 @@ def test_changes_that_keep_the_structure_resume(run_dir, tmp_path):
         _config(run_dir, "precision=bf16", "train.stop_after=3"), console=False
     )
     assert [r["step"] for r in result.history if "loss" in r] == [2]
+
+
+def test_a_key_the_saved_config_lacks_counts_as_its_default(tmp_path):
+    """A run written before a key existed resumes under today's schema: the absent key is its
+    default (unchanged) unless this config sets another value; a key today's schema no longer
+    knows is reported as changed (absent now)."""
+    import yaml
+
+    from hopperjax import config as config_lib
+    from hopperjax.trainer.resume import changed_keys
+
+    config = _config(tmp_path)
+    tree = yaml.safe_load(config_lib.dump_yaml(config))
+    del tree["optim"]["warmup_init_ratio"]  # as written before the key was added
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml.safe_dump(tree))
+    assert changed_keys(tmp_path, config) == {}
+    assert changed_keys(tmp_path, _config(tmp_path, "optim.warmup_init_ratio=0.2")) == {
+        "optim.warmup_init_ratio": (0.0, 0.2)
+    }
+    tree["optim"]["retired_key"] = 1  # a key since removed: the file is compared as written
+    saved.write_text(yaml.safe_dump(tree))
+    changed = changed_keys(tmp_path, config)
+    assert changed == {
+        "optim.retired_key": (1, "(absent)"),
+        "optim.warmup_init_ratio": ("(absent)", 0.0),
+    }

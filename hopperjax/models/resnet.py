@@ -76,8 +76,9 @@ class ResNetConfig(config_lib.ModelConfig):
     (airbench's initializer).
     ``whiten_images`` / ``whiten_eps``: airbench's whitening filters come from the 2x2 patches of
     this many training images (a seeded sample), eigenvalues floored by ``whiten_eps``.
-    ``bn_bias_lr_scale``: BatchNorm biases train with this multiple of the learning rate (their
-    weight decay per step stays the configured one): airbench's 64.
+    ``bn_bias_lr_scale``: other than 1, BatchNorm biases are a group of their own at this
+    multiple of the learning rate, and decayed (biases are not otherwise) with the weight decay
+    divided by it, so that lr x wd per step is the kernels': airbench's 64.
     """
 
     arch: Literal["resnet9", "resnet18", "resnet34", "resnet50", "airbench"] = "resnet18"
@@ -278,14 +279,12 @@ def whitening_filters(images: Any, mean: Any, std: Any, eps: float) -> tuple:
     [k, k, C, 2 k k C] kernel's values, flattened, as a tuple of floats (a hashable module
     attribute)."""
     k = WHITEN_KERNEL
-    x = (np.asarray(images, np.float32) / 255.0 - np.asarray(mean, np.float32)) / np.asarray(
-        std, np.float32
-    )
-    n, h, w, c = x.shape
+    mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+    n, h, w, c = np.shape(images)
     dims = k * k * c
     moment = np.zeros((dims, dims), np.float64)
-    for start in range(0, n, 500):  # a few hundred MB of patches at a time, not all at once
-        part = x[start : start + 500]
+    for start in range(0, n, 500):  # 500 images' patches at a time (~60 MB at 32x32), not all
+        part = (np.asarray(images[start : start + 500], np.float32) / 255.0 - mean) / std
         patches = np.stack(
             [part[:, i : h - k + 1 + i, j : w - k + 1 + j] for i in range(k) for j in range(k)],
             axis=3,

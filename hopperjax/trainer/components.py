@@ -24,7 +24,7 @@ from hopperjax.data import Datasets, ProcessShard
 from hopperjax.memory import offload
 from hopperjax.models.layers import check_attention
 from hopperjax.observe import flops
-from hopperjax.optim import DEFAULT_GROUP, build_optimizer
+from hopperjax.optim import build_optimizer
 from hopperjax.parallel import (
     Rules,
     batch_axis_size,
@@ -386,7 +386,8 @@ def _compression(
 
 
 def _param_labels(workload: Workload) -> Callable[[Any], Any] | None:
-    """optax's ``param_labels`` for the workload's groups; None when it has one optimizer."""
+    """optax's ``param_labels`` for the workload's groups; None when it has one optimizer
+    (the callable returns None where the workload's config has none)."""
     if type(workload).param_labels is Workload.param_labels:
         return None
 
@@ -394,8 +395,6 @@ def _param_labels(workload: Workload) -> Callable[[Any], Any] | None:
         # optax hands over the parameters as the state's init sees them (with logical-axis
         # boxes); the workload labels plain arrays. A tree of labels is a prefix of the boxed
         # tree, which is all multi_transform needs.
-        plain = nn.meta.unbox(params)
-        out = workload.param_labels(plain)
-        return jax.tree.map(lambda _: DEFAULT_GROUP, plain) if out is None else out
+        return workload.param_labels(nn.meta.unbox(params))
 
     return labels

@@ -102,11 +102,18 @@ def changed_keys(run_dir: Path, config: Config) -> dict[str, tuple[Any, Any]]:
     """Every dotted key where ``run_dir``'s ``config.yaml`` and ``config`` differ, sorted, as
     ``{key: (old, new)}`` (``"(absent)"`` for a key one side lacks); empty when the directory has
     no ``config.yaml``. ``config`` goes through the same YAML round trip as the saved file, so a
-    tuple and the list YAML reads back compare equal."""
+    tuple and the list YAML reads back compare equal. A key the saved file lacks (added to the
+    schema after the run was written) counts as its default, which by convention keeps the
+    behaviour from before the key existed; the file is read as written where today's schema
+    no longer loads it (a key since removed)."""
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         return {}
-    before = flatten(yaml.safe_load(saved.read_text()) or {})
+    try:
+        completed = config_lib.load_config(saved, validate_values=False)
+        before = flatten(yaml.safe_load(config_lib.dump_yaml(completed)))
+    except ConfigError:
+        before = flatten(yaml.safe_load(saved.read_text()) or {})
     now = flatten(yaml.safe_load(config_lib.dump_yaml(config)))
     changed = {}
     for key in sorted(set(before) | set(now)):

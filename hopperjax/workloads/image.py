@@ -223,13 +223,21 @@ class ImageClassification(Workload):
 
     def _fit_whitening(self, train: Any) -> None:
         """airbench: its whitening filters from ``model.whiten_images`` training images (a
-        sample seeded by ``seed``, the same on every process)."""
+        sample seeded by ``seed``; with several processes, process 0's filters)."""
         m = self.config.model
         count = min(m.whiten_images, len(train))
         order = np.sort(np.random.default_rng(self.config.seed).permutation(len(train))[:count])
         mean, std = self.config.data.channel_stats()
         images = train.batch(order)["images"]
-        self._whitening = resnet.whitening_filters(images, mean, std, m.whiten_eps)
+        filters = resnet.whitening_filters(images, mean, std, m.whiten_eps)
+        if jax.process_count() > 1:
+            # Process 0's filters everywhere: another host's LAPACK may round, or choose an
+            # eigenvector's sign, differently, and the replicated kernel must be one kernel.
+            from jax.experimental import multihost_utils
+
+            agreed = multihost_utils.broadcast_one_to_all(np.asarray(filters, np.float32))
+            filters = tuple(float(v) for v in np.asarray(agreed))
+        self._whitening = filters
 
     def param_labels(self, params: Any) -> Any | None:
         """airbench's whitening kernel is frozen; with ``model.bn_bias_lr_scale`` other than 1,
