@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
-import time
 
 import torch
-from peer_resnet9_torch import augment
+from peer_resnet9_torch import augment, time_steps
 from torch import nn
 from torch.nn import functional as F
 
@@ -79,25 +76,7 @@ def main() -> None:
          {"params": other, "lr": lr, "weight_decay": decay}],
         momentum=0.85, nesterov=True,
     )  # fmt: skip
-    images = torch.randint(0, 256, (args.batch, 32, 32, 3), dtype=torch.uint8)
-    labels = torch.randint(0, 10, (args.batch,))
-    times = []
-    for _ in range(args.steps + 1):
-        start = time.perf_counter()
-        logits = model(augment(images, padding=2, cutout=0))
-        loss = F.cross_entropy(logits, labels, label_smoothing=0.2)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        loss.item()
-        times.append(time.perf_counter() - start)
-    step = statistics.median(times[1:])
-    print(json.dumps({
-        "framework": f"torch {torch.__version__}", "threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(), "batch": args.batch,
-        "width": args.width, "step_s": round(step, 3),
-        "images_per_s": round(args.batch / step, 1), "steps_timed": args.steps,
-    }))  # fmt: skip
+    print(json.dumps(time_steps(model, opt, lambda x: augment(x, padding=2, cutout=0), args)))
 
 
 if __name__ == "__main__":

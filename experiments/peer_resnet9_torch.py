@@ -101,12 +101,19 @@ def main() -> None:
         [{"params": decay, "weight_decay": 5e-4}, {"params": other, "weight_decay": 0.0}],
         lr=0.1, momentum=0.9, nesterov=True,
     )  # fmt: skip
+    print(json.dumps(time_steps(model, opt, augment, args)))
+
+
+def time_steps(model: nn.Module, opt: torch.optim.Optimizer, prepare, args) -> dict:
+    """The median of ``args.steps`` timed training steps on random uint8 images (after one
+    untimed warm-up), each from the uint8 batch through ``prepare`` (the augmentation) to the
+    loss read back on the host; a JSON-able summary. Shared with peer_airbench_torch.py."""
     images = torch.randint(0, 256, (args.batch, 32, 32, 3), dtype=torch.uint8)
     labels = torch.randint(0, 10, (args.batch,))
     times = []
     for _ in range(args.steps + 1):
         start = time.perf_counter()
-        logits = model(augment(images))
+        logits = model(prepare(images))
         loss = F.cross_entropy(logits, labels, label_smoothing=0.2)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -114,12 +121,12 @@ def main() -> None:
         loss.item()
         times.append(time.perf_counter() - start)
     step = statistics.median(times[1:])
-    print(json.dumps({
+    return {
         "framework": f"torch {torch.__version__}", "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(), "batch": args.batch,
         "width": args.width, "step_s": round(step, 3),
         "images_per_s": round(args.batch / step, 1), "steps_timed": args.steps,
-    }))  # fmt: skip
+    }  # fmt: skip
 
 
 if __name__ == "__main__":
