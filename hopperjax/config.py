@@ -156,6 +156,14 @@ class OptimConfig:
     [0, 1); ``min_lr_ratio`` and ``warmup_init_ratio`` in [0, 1]; ``warmup_steps`` in
     [0, 2**31). ``warmup_init_ratio``: the warmup starts at this fraction of the peak (0: from
     about zero).
+
+    ``ema_decay`` (0: off, else in (0, 1)): lookahead weight averaging (Zhang et al. 2019, as
+    airbench runs it): at every ``ema_every``-th update from update ``ema_start`` on, an average
+    of the weights moves toward them, ``avg <- rho avg + (1 - rho) w``, with ``rho = ema_decay x
+    (update / train.steps) ** ema_ramp``, and the weights are set to it; the average starts as
+    the weights of the first such update. The weights are the average after each of those
+    updates, so eval, checkpoints and exports need no second copy; the average (one fp32 copy
+    of the parameters) lives in the optimizer state and resumes with it.
     """
 
     name: Literal["adamw", "sgd", "lamb", "lars"] = "adamw"
@@ -175,6 +183,10 @@ class OptimConfig:
     clip_norm: float | None = 1.0
     row_lr: float = 0.05
     row_eps: float = 1e-8
+    ema_decay: float = 0.0
+    ema_every: int = 1
+    ema_start: int = 0
+    ema_ramp: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -725,6 +737,8 @@ _STEP_KEYS = (
     "train.checkpoint_every",
     "train.generate_every",
     "optim.warmup_steps",
+    "optim.ema_every",
+    "optim.ema_start",
     "loss_scale.growth_interval",
     "profile.start_step",
     "profile.num_steps",
@@ -836,6 +850,15 @@ def validate(config: Config) -> None:
             raise ConfigError(f"optim.{key}", f"expected a ratio in [0, 1], got {getattr(o, key)}")
     if o.weight_decay < 0:
         raise ConfigError("optim.weight_decay", f"expected >= 0, got {o.weight_decay}")
+    if not 0.0 <= o.ema_decay < 1.0:
+        raise ConfigError(
+            "optim.ema_decay", f"expected 0 (off) or a decay in (0, 1), got {o.ema_decay}"
+        )
+    _positive("optim.ema_every", o.ema_every)
+    if o.ema_start < 0:
+        raise ConfigError("optim.ema_start", f"expected >= 0, got {o.ema_start}")
+    if o.ema_ramp < 0:
+        raise ConfigError("optim.ema_ramp", f"expected >= 0, got {o.ema_ramp}")
 
     ls = config.loss_scale
     _positive("loss_scale.init_scale", ls.init_scale)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -108,7 +108,59 @@ def build_optimizer(
         opt = _grouped(opt, groups, param_labels)
     if config.clip_norm is not None:
         opt = optax.chain(optax.clip_by_global_norm(config.clip_norm), opt)
+    if config.ema_decay:
+        opt = optax.chain(
+            opt,
+            lookahead_average(
+                config.ema_decay, every=config.ema_every, start=config.ema_start,
+                ramp=config.ema_ramp, total_steps=total_steps,
+            ),
+        )  # fmt: skip
     return opt, lr
+
+
+class LookaheadAverageState(NamedTuple):
+    """``count``: updates so far; ``average``: the averaged weights (fp32, like the params)."""
+
+    count: jax.Array
+    average: Any
+
+
+def lookahead_average(
+    decay: float, *, every: int = 1, start: int = 0, ramp: float = 0.0, total_steps: int = 1
+) -> optax.GradientTransformation:
+    """Lookahead weight averaging, the last link of a chain (``optim.ema_*`` keys).
+
+    After update ``n`` (from 1), where ``n >= start`` and ``n % every == 0``: the weights the
+    update would give, ``w``, move the average, ``avg <- rho avg + (1 - rho) w`` with ``rho =
+    decay (n / total_steps) ** ramp`` (the first such update sets ``avg = w``), and the update is
+    replaced by one that lands the weights on the new average. Other updates pass unchanged.
+    """
+
+    def init(params: Any) -> LookaheadAverageState:
+        return LookaheadAverageState(
+            count=jnp.zeros((), jnp.int32), average=jax.tree.map(jnp.array, params)
+        )
+
+    def update(updates: Any, state: LookaheadAverageState, params: Any = None) -> tuple[Any, Any]:
+        if params is None:
+            raise ValueError("lookahead_average needs the params")
+        n = state.count + 1
+        sync = (n >= start) & (n % every == 0)
+        first = sync & (n - every < max(start, 1))  # no earlier update synced
+        rho = decay * (n.astype(jnp.float32) / total_steps) ** ramp
+        rho = jnp.where(first, 0.0, rho)
+
+        average = jax.tree.map(
+            lambda a, p, u: jnp.where(sync, rho * a + (1 - rho) * (p + u), a).astype(a.dtype),
+            state.average, params, updates,
+        )  # fmt: skip
+        updates = jax.tree.map(
+            lambda a, p, u: jnp.where(sync, (a - p).astype(u.dtype), u), average, params, updates
+        )
+        return updates, LookaheadAverageState(count=n, average=average)
+
+    return optax.GradientTransformation(init, update)
 
 
 def _grouped(

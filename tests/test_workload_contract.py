@@ -39,7 +39,8 @@ VARIANTS = {
         ),
     ),
     # airbench: frozen whitening filters from the training images (restored without the data),
-    # BatchNorm biases in a group of their own, multi-crop test-time augmentation.
+    # BatchNorm biases in a group of their own, multi-crop test-time augmentation, lookahead
+    # weight averaging (its average synced at steps 2 and 4: resumed from the checkpoint).
     "image-airbench": (
         "image",
         (
@@ -50,6 +51,9 @@ VARIANTS = {
             "model.whiten_images=64",
             "data.tta_translate=1",
             "data.tta_flip=true",
+            "optim.ema_decay=0.5",
+            "optim.ema_every=2",
+            "optim.ema_ramp=1",
         ),
     ),
     # Row-sparse tables: accumulators in the state (exact resume), no dense table gradient.
