@@ -158,3 +158,73 @@ def test_airbench_parameter_and_flop_counts():
             + 7 * 7 * 9 * 256 * 256 + 3 * 3 * 9 * 256 * 256  # group 2, to 3x3
             + 256 * 10)  # fmt: skip
     assert forward == 2 * macs == 236_294_720
+
+
+def _golden_script():
+    import importlib.util
+
+    from conftest import REPO
+
+    path = REPO / "experiments" / "airbench_torch_golden.py"
+    spec = importlib.util.spec_from_file_location("airbench_torch_golden", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_network_computes_the_pytorch_references_function():
+    """Given the same weights (width 16), the airbench network's logits in training and eval
+    mode, its label-smoothed loss and every parameter's gradient (norm and a random projection)
+    are those of our PyTorch implementation of airbench94's network, recorded in float64 by
+    ``experiments/airbench_torch_golden.py`` (tests/golden/airbench_torch.json): the same
+    convolutions, pooling, whitening bias, BatchNorm (batch statistics in training, running ones
+    at eval), GELU, max pool and 1/9 scale, so a gap in accuracy between the two is not the
+    network's."""
+    import json
+
+    from hopperjax.workloads.base import cross_entropy
+
+    golden_script = _golden_script()
+    golden = json.loads(golden_script.GOLDEN.read_text())
+    width, seed = golden["width"], golden["seed"]
+    flat, stats = golden_script.weights(width, seed)
+    images, labels = golden_script.inputs(seed)
+    model = resnet.ResNet(
+        resnet.ResNetConfig(arch="airbench", width=width, init="dirac", bn_eps=1e-12,
+                            logit_scale=1 / 9),
+        hopperjax.get_policy("fp32"), RematConfig(),
+    )  # fmt: skip
+
+    def nest(tree):
+        out = {}
+        for path, value in tree.items():
+            *parents, leaf = path.split("/")
+            node = out
+            for name in parents:
+                node = node.setdefault(name, {})
+            node[leaf] = jnp.asarray(value)
+        return out
+
+    params, batch_stats = nest(flat), nest(stats)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+    assert jax.tree.structure(nn.unbox(shapes["params"])) == jax.tree.structure(params)
+
+    def loss_fn(params):
+        logits, _ = model.apply({"params": params, "batch_stats": batch_stats}, images,
+                                deterministic=False, mutable=["batch_stats"])  # fmt: skip
+        return cross_entropy(logits, jnp.asarray(labels), 0.2).mean(), logits
+
+    (loss, train_logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    eval_logits = model.apply({"params": params, "batch_stats": batch_stats}, images)
+    np.testing.assert_allclose(train_logits, golden["train_logits"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(eval_logits, golden["eval_logits"], rtol=1e-4, atol=1e-5)
+    assert float(loss) == pytest.approx(golden["loss"], rel=1e-5)
+    grads = {"/".join(k.key for k in path): np.asarray(g, np.float64)
+             for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]}  # fmt: skip
+    probes = golden_script.probes(width, seed)
+    assert set(grads) == set(golden["grads"])
+    for path, want in golden["grads"].items():
+        assert np.linalg.norm(grads[path]) == pytest.approx(want["norm"], rel=1e-4), path
+        assert (grads[path] * probes[path]).sum() == pytest.approx(
+            want["probe"], rel=1e-3, abs=1e-4 * want["norm"]
+        ), path
