@@ -168,7 +168,9 @@ def main() -> None:
     xp, fp = [0, int(0.23 * steps), steps], [0.2, 1.0, 0.07]
 
     net = Net().to(memory_format=torch.channels_last)
-    fit_whitening(net.whiten, train_x[:5000])
+    # 5,000 training images at random: the published script takes the first 5,000 of the official
+    # files, which are in no class order; an image folder's (and so the npz's) are by class.
+    fit_whitening(net.whiten, train_x[torch.randperm(len(train_x), generator=gen)[:5000]])
     biases = [p for n, p in net.named_parameters() if "norm" in n and p.requires_grad]
     other = [p for n, p in net.named_parameters() if "norm" not in n and p.requires_grad]
     lr_b = lr * h["bias_scale"]

@@ -8,8 +8,11 @@ The network is ``airbench_reference_torch.Net`` (our PyTorch implementation of a
 at width 16, given weights drawn here with numpy in hopperjax's layout (``weights``) and
 transposed into PyTorch's. On four fixed inputs it records the logits in training mode (batch
 statistics) and in eval mode (the running statistics drawn here), the label-smoothed (0.2) mean
-cross-entropy in training mode, and for every parameter the norm of its gradient and the gradient's
-dot product with a fixed random probe (sensitive to every entry, small enough to keep).
+cross-entropy in training mode, the running statistics after that training-mode pass (BatchNorm
+momentum 0.6 in airbench's convention, PyTorch's 0.4), and for every parameter the norm of its
+gradient and the gradient's dot product with a fixed random probe (sensitive to every entry,
+small enough to keep). And the whitening filters ``fit_whitening`` computes from 64 smooth uint8
+images (``whitening_images``), normalized with the reference's statistics, in hopperjax's layout.
 """
 
 from __future__ import annotations
@@ -61,6 +64,16 @@ def inputs(seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
     return images, np.array([3, 0, 7, 3], np.int32)
 
 
+def whitening_images(seed: int = SEED) -> np.ndarray:
+    """uint8 [64, 16, 16, 3] whose neighbouring pixels and channels correlate, as photos' do."""
+    rng = np.random.default_rng(seed + 3)
+    x = rng.normal(size=(64, 16, 16, 1)).cumsum(1).cumsum(2) + 0.3 * rng.normal(
+        size=(64, 16, 16, 3)
+    )
+    x = (x - x.min()) / (x.max() - x.min())
+    return (x * 255).astype(np.uint8)
+
+
 def probes(width: int = WIDTH, seed: int = SEED) -> dict[str, np.ndarray]:
     """One fixed random array per parameter (hopperjax layout) to project its gradient on."""
     rng = np.random.default_rng(seed + 2)
@@ -88,11 +101,11 @@ def _to_torch(path: str, value: np.ndarray) -> np.ndarray:
 
 def torch_outputs(width: int = WIDTH, seed: int = SEED) -> dict:
     import torch
-    from airbench_reference_torch import HYP, Net
+    from airbench_reference_torch import HYP, Net, fit_whitening, normalize
     from torch.nn import functional as F
 
     torch.manual_seed(0)
-    HYP["width"] = width
+    HYP["width"], HYP["bn_momentum"] = width, 0.6
     net = Net().double()
     params, stats = weights(width, seed)
     named = dict(net.named_parameters())
@@ -116,6 +129,15 @@ def torch_outputs(width: int = WIDTH, seed: int = SEED) -> dict:
     logits = net(x)
     loss = F.cross_entropy(logits, y, label_smoothing=0.2)
     loss.backward()
+    running = {}
+    for path in stats:
+        base, leaf = path.rsplit("/", 1)
+        name = _torch_path(base + "/bias").removesuffix(".bias")
+        key = "running_mean" if leaf == "mean" else "running_var"
+        running[path] = dict(net.named_buffers())[f"{name}.{key}"].numpy().tolist()
+    whiten = torch.nn.Conv2d(3, 24, 2)
+    fit_whitening(whiten, normalize(whitening_images(seed)))
+    filters = whiten.weight.detach().numpy().transpose(2, 3, 1, 0)  # OIHW -> HWIO
     grads = {}
     for path, probe in probes(width, seed).items():
         grad = named[_torch_path(path)].grad.numpy()
@@ -126,6 +148,7 @@ def torch_outputs(width: int = WIDTH, seed: int = SEED) -> dict:
         "framework": f"torch {torch.__version__}", "width": width, "seed": seed,
         "train_logits": logits.detach().numpy().tolist(),
         "eval_logits": eval_logits.numpy().tolist(), "loss": float(loss.detach()), "grads": grads,
+        "bn_momentum": 0.6, "running_stats": running, "whitening_filters": filters.tolist(),
     }  # fmt: skip
 
 

@@ -857,8 +857,13 @@ def validate(config: Config) -> None:
     _positive("optim.ema_every", o.ema_every)
     if o.ema_start < 0:
         raise ConfigError("optim.ema_start", f"expected >= 0, got {o.ema_start}")
-    if o.ema_ramp < 0:
+    if not o.ema_ramp >= 0:  # (NaN too)
         raise ConfigError("optim.ema_ramp", f"expected >= 0, got {o.ema_ramp}")
+    if o.ema_decay and o.ema_start >= t.steps:
+        raise ConfigError(
+            "optim.ema_start",
+            f"expected < train.steps={t.steps} (no update would be averaged), got {o.ema_start}",
+        )
 
     ls = config.loss_scale
     _positive("loss_scale.init_scale", ls.init_scale)

@@ -131,10 +131,12 @@ def lookahead_average(
 ) -> optax.GradientTransformation:
     """Lookahead weight averaging, the last link of a chain (``optim.ema_*`` keys).
 
-    After update ``n`` (from 1), where ``n >= start`` and ``n % every == 0``: the weights the
-    update would give, ``w``, move the average, ``avg <- rho avg + (1 - rho) w`` with ``rho =
-    decay (n / total_steps) ** ramp`` (the first such update sets ``avg = w``), and the update is
-    replaced by one that lands the weights on the new average. Other updates pass unchanged.
+    After update ``n`` (from 1), where ``n >= start`` and ``n % every == 0``, and after the last
+    update (``n == total_steps``, so the run ends on the average): the weights the update would
+    give, ``w``, move the average, ``avg <- rho avg + (1 - rho) w`` with ``rho = decay (n /
+    total_steps) ** ramp`` (the first such update sets ``avg = w``), and the update is replaced
+    by one that lands the weights on the new average. Other updates pass unchanged, and the
+    average is neither read nor written (a ``lax.cond``: no pass over it on those steps).
     """
 
     def init(params: Any) -> LookaheadAverageState:
@@ -146,18 +148,28 @@ def lookahead_average(
         if params is None:
             raise ValueError("lookahead_average needs the params")
         n = state.count + 1
-        sync = (n >= start) & (n % every == 0)
-        first = sync & (n - every < max(start, 1))  # no earlier update synced
-        rho = decay * (n.astype(jnp.float32) / total_steps) ** ramp
-        rho = jnp.where(first, 0.0, rho)
+        sync = (n >= start) & ((n % every == 0) | (n == total_steps))
+        # The first sync: the last multiple of ``every`` before ``n`` came before ``start`` (or
+        # is 0), so no earlier update synced.
+        first = (n - 1) // every * every < max(start, 1)
+        rho = jnp.where(first, 0.0, decay * (n.astype(jnp.float32) / total_steps) ** ramp)
 
-        average = jax.tree.map(
-            lambda a, p, u: jnp.where(sync, rho * a + (1 - rho) * (p + u), a).astype(a.dtype),
-            state.average, params, updates,
-        )  # fmt: skip
-        updates = jax.tree.map(
-            lambda a, p, u: jnp.where(sync, (a - p).astype(u.dtype), u), average, params, updates
-        )
+        def synced(operands: tuple[Any, Any, Any]) -> tuple[Any, Any]:
+            average, params, updates = operands
+            average = jax.tree.map(
+                lambda a, p, u: (rho * a + (1 - rho) * (p + u)).astype(a.dtype),
+                average, params, updates,
+            )  # fmt: skip
+            landing = jax.tree.map(
+                lambda a, p, u: (a - p).astype(u.dtype), average, params, updates
+            )
+            return landing, average
+
+        def passed(operands: tuple[Any, Any, Any]) -> tuple[Any, Any]:
+            average, _, updates = operands
+            return updates, average
+
+        updates, average = jax.lax.cond(sync, synced, passed, (state.average, params, updates))
         return updates, LookaheadAverageState(count=n, average=average)
 
     return optax.GradientTransformation(init, update)

@@ -191,7 +191,7 @@ def test_the_network_computes_the_pytorch_references_function():
     images, labels = golden_script.inputs(seed)
     model = resnet.ResNet(
         resnet.ResNetConfig(arch="airbench", width=width, init="dirac", bn_eps=1e-12,
-                            logit_scale=1 / 9),
+                            bn_momentum=golden["bn_momentum"], logit_scale=1 / 9),
         hopperjax.get_policy("fp32"), RematConfig(),
     )  # fmt: skip
 
@@ -210,12 +210,13 @@ def test_the_network_computes_the_pytorch_references_function():
     assert jax.tree.structure(nn.unbox(shapes["params"])) == jax.tree.structure(params)
 
     def loss_fn(params):
-        logits, _ = model.apply({"params": params, "batch_stats": batch_stats}, images,
-                                deterministic=False, mutable=["batch_stats"])  # fmt: skip
-        return cross_entropy(logits, jnp.asarray(labels), 0.2).mean(), logits
+        logits, updated = model.apply({"params": params, "batch_stats": batch_stats}, images,
+                                      deterministic=False, mutable=["batch_stats"])  # fmt: skip
+        return cross_entropy(logits, jnp.asarray(labels), 0.2).mean(), (logits, updated)
 
-    (loss, train_logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    eval_logits = model.apply({"params": params, "batch_stats": batch_stats}, images)
+    value_and_grad = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
+    (loss, (train_logits, updated)), grads = value_and_grad(params)
+    eval_logits = jax.jit(model.apply)({"params": params, "batch_stats": batch_stats}, images)
     np.testing.assert_allclose(train_logits, golden["train_logits"], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(eval_logits, golden["eval_logits"], rtol=1e-4, atol=1e-5)
     assert float(loss) == pytest.approx(golden["loss"], rel=1e-5)
@@ -228,3 +229,25 @@ def test_the_network_computes_the_pytorch_references_function():
         assert (grads[path] * probes[path]).sum() == pytest.approx(
             want["probe"], rel=1e-3, abs=1e-4 * want["norm"]
         ), path
+    # Running statistics: the same momentum convention (Flax's decay 0.6 is PyTorch's 0.4).
+    # PyTorch keeps the unbiased batch variance (n / (n - 1) of the one it normalizes with),
+    # Flax the biased one: converted here, n the values a channel has (4 images x side^2).
+    sides = {"group0": 15, "group1": 7, "group2": 3}  # 31 after the whitening, pooled
+    decay = golden["bn_momentum"]
+    for path, want in golden["running_stats"].items():
+        group, layer, leaf = path.split("/")
+        got = np.asarray(updated["batch_stats"][group][layer][leaf], np.float64)
+        if leaf == "var":
+            n = len(images) * sides[group] ** 2
+            batch_var = (got - decay * stats[path]) / (1 - decay)
+            got = decay * stats[path] + (1 - decay) * batch_var * n / (n - 1)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=path)
+    # The whitening filters from the same images and statistics, up to each eigenvector's sign
+    # (LAPACK's choice; the negatives are in the kernel too).
+    mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)  # the reference's
+    filters = np.asarray(
+        resnet.whitening_filters(golden_script.whitening_images(seed), mean, std, 5e-4)
+    ).reshape(4 * 3, 2 * 4 * 3)
+    want = np.asarray(golden["whitening_filters"]).reshape(4 * 3, 2 * 4 * 3)
+    signs = np.sign((filters * want).sum(axis=0))
+    np.testing.assert_allclose(filters * signs, want, rtol=1e-3, atol=1e-4 * np.abs(want).max())

@@ -323,12 +323,13 @@ def test_labels_of_none_keep_the_plain_optimizer_and_its_state_and_labels_group_
 
 def _airbench_lookahead(w, grad, *, lr, steps, decay, every, start, ramp):
     """The loop airbench94 runs (plain SGD here), in numpy float64: after update n, where
-    n >= start and n % every == 0, the first time the average is taken as the weights, later
-    avg <- rho avg + (1 - rho) w, rho = decay (n / steps) ** ramp; the weights <- avg."""
+    n >= start and n % every == 0 (and, ours, after the last update), the first time the average
+    is taken as the weights, later avg <- rho avg + (1 - rho) w, rho = decay (n / steps) **
+    ramp; the weights <- avg."""
     avg = None
     for n in range(1, steps + 1):
         w = w - lr * grad(w)
-        if n >= start and n % every == 0:
+        if n >= start and (n % every == 0 or n == steps):
             if avg is None:
                 avg = w.copy()
             else:
@@ -338,45 +339,52 @@ def _airbench_lookahead(w, grad, *, lr, steps, decay, every, start, ramp):
     return w
 
 
-@pytest.mark.parametrize("every,start,ramp", [(1, 0, 0.0), (5, 12, 3.0), (3, 7, 1.0)])
-def test_lookahead_average_is_airbench_loop(every, start, ramp):
+@pytest.mark.parametrize(
+    "every,start,ramp,steps",
+    [(1, 0, 0.0, 40), (5, 12, 3.0, 40), (3, 7, 1.0, 40), (5, 0, 0.0, 42), (5, 10, 2.0, 43)],
+)
+def test_lookahead_average_is_airbench_loop(every, start, ramp, steps):
+    """Every start: before the first multiple of every, on one, at 0 (update 0 does not count);
+    runs that end between two averaging updates (the last one averages)."""
     target = np.array([1.0, -2.0, 0.5, 3.0])
-    grad = lambda w: 2.0 * (w - target) * np.array([1.0, 0.3, 2.0, 0.7])
-    steps, lr, decay = 40, 0.2, 0.9
+    curvature = np.array([1.0, 0.3, 2.0, 0.7])
+    lr, decay = 0.2, 0.9
     config = OptimConfig(name="sgd", base_lr=lr, momentum=0.0, schedule="constant",
                          warmup_steps=0, clip_norm=None, weight_decay=0.0, ema_decay=decay,
                          ema_every=every, ema_start=start, ema_ramp=ramp)  # fmt: skip
     tx, _ = build_optimizer(config, total_steps=steps, global_batch_size=1)
-    plain, _ = build_optimizer(dataclasses.replace(config, ema_decay=0.0), total_steps=steps,
-                               global_batch_size=1)  # fmt: skip
     params = {"w": jnp.zeros(4)}
     state = tx.init(params)
 
     @jax.jit
     def step(params, state):
-        grads = {"w": 2.0 * (params["w"] - target) * jnp.array([1.0, 0.3, 2.0, 0.7])}
+        grads = {"w": 2.0 * (params["w"] - target) * jnp.asarray(curvature)}
         updates, state = tx.update(grads, state, params)
         return optax.apply_updates(params, updates), state
 
     for _ in range(steps):
         params, state = step(params, state)
-    expected = _airbench_lookahead(np.zeros(4), grad, lr=lr, steps=steps, decay=decay,
-                                   every=every, start=start, ramp=ramp)  # fmt: skip
+
+    def run(**settings):
+        return _airbench_lookahead(np.zeros(4), lambda w: 2.0 * (w - target) * curvature,
+                                   lr=lr, steps=steps, **settings)  # fmt: skip
+
+    expected = run(decay=decay, every=every, start=start, ramp=ramp)
     np.testing.assert_allclose(params["w"], expected, rtol=1e-5, atol=1e-6)
-    # The averaging changed the trajectory (the check above would pass for plain SGD otherwise).
-    sgd = _airbench_lookahead(np.zeros(4), grad, lr=lr, steps=steps, decay=0.0, every=1,
-                              start=steps + 1, ramp=0.0)  # fmt: skip
-    assert np.abs(expected - sgd).max() > 1e-3
-    # Off (0) keeps the plain optimizer's state; on, the average sits at the last synced weights.
-    assert jax.tree.structure(plain.init(params)) != jax.tree.structure(state)
-    if steps % every == 0:
-        np.testing.assert_allclose(state[-1].average["w"], params["w"], rtol=1e-6)
+    # The averaging changed the trajectory (the check above would pass for plain SGD otherwise),
+    # and the run ends on the average.
+    assert np.abs(expected - run(decay=0.0, every=1, start=steps + 1, ramp=0.0)).max() > 1e-3
+    np.testing.assert_allclose(state[-1].average["w"], params["w"], rtol=1e-6)
 
 
 @pytest.mark.parametrize(
     "key,value", [("ema_decay", 1.0), ("ema_decay", -0.1), ("ema_every", 0), ("ema_start", -1),
-                  ("ema_ramp", -1.0)],
+                  ("ema_ramp", -1.0), ("ema_ramp", "nan"), ("ema_start", 20)],
 )  # fmt: skip
 def test_lookahead_keys_are_checked(key, value, tmp_path):
+    """One line naming the key: out of range, or averaging that would never happen."""
+    overrides = [f"optim.{key}={value}", "train.steps=20", f"run_dir={tmp_path}"]
+    if key != "ema_decay":
+        overrides.append("optim.ema_decay=0.5")
     with pytest.raises(hopperjax.ConfigError, match=f"optim.{key}"):
-        hopperjax.load_config(None, [f"optim.{key}={value}", f"run_dir={tmp_path}"])
+        hopperjax.load_config(None, overrides)

@@ -248,6 +248,11 @@ def test_table_placement_keys_are_checked():
     three = hopperjax.load_config(None, [*three, "run_dir=runs/x"])
     with pytest.raises(hopperjax.ConfigError, match=r"mesh\.tensor"):
         build_components(three)
+    # Lookahead averaging would set row-sparse tables, updated beside the optimizer, to an
+    # average of them that the optimizer never saw move.
+    averaged = [*SMOKE, "model.sparse_updates=true", "optim.ema_decay=0.5", "run_dir=runs/x"]
+    with pytest.raises(hopperjax.ConfigError, match=r"optim\.ema_decay"):
+        build_components(hopperjax.load_config(None, averaged))
 
 
 def test_inspect_lists_the_lookups_collective_and_a_tensor_share_of_the_state():

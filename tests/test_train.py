@@ -44,8 +44,13 @@ def test_eight_devices_match_one_device(tiny_config, tmp_path):
         assert len(leaf.sharding.device_set) == 8 and leaf.sharding.is_fully_replicated
 
 
+# Lookahead averaging at steps 4, 8, ...: the stop at step 10 falls between two, where the
+# weights have moved on from the average, so the resumed run needs the checkpointed average.
+AVERAGED = ("optim.ema_decay=0.5", "optim.ema_every=4")
+
+
 def test_resume_is_exact(tiny_config, tmp_path):
-    straight = hopperjax.train(tiny_config(f"run_dir={tmp_path / 'a'}"), console=False)
+    straight = hopperjax.train(tiny_config(*AVERAGED, f"run_dir={tmp_path / 'a'}"), console=False)
     # Profiling is off: no record says it was traced (default profile.start_step 10 is in range).
     assert not any(r.get("profiled") for r in straight.history)
     # Evals say when they ran (seconds of training since the first step: time to accuracy).
@@ -54,7 +59,7 @@ def test_resume_is_exact(tiny_config, tmp_path):
     assert straight.data_s > 0 and straight.compile_s > 0
     resumed_dir = tmp_path / "b"
     first = hopperjax.train(
-        tiny_config("train.stop_after=10", f"run_dir={resumed_dir}"),
+        tiny_config(*AVERAGED, "train.stop_after=10", f"run_dir={resumed_dir}"),
         console=False,
     )
     assert max(train_losses(first.history)) == 9
@@ -66,7 +71,7 @@ def test_resume_is_exact(tiny_config, tmp_path):
     partial.mkdir()
     (partial / "garbage").write_text("half written")
 
-    second = hopperjax.train(tiny_config(f"run_dir={resumed_dir}"), console=False)
+    second = hopperjax.train(tiny_config(*AVERAGED, f"run_dir={resumed_dir}"), console=False)
     assert (straight.start_step, first.start_step, second.start_step) == (0, 0, 10)
     a, b = train_losses(straight.history), train_losses(second.history)
     assert sorted(b) == list(range(10, 20))

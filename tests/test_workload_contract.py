@@ -40,7 +40,8 @@ VARIANTS = {
     ),
     # airbench: frozen whitening filters from the training images (restored without the data),
     # BatchNorm biases in a group of their own, multi-crop test-time augmentation, lookahead
-    # weight averaging (its average synced at steps 2 and 4: resumed from the checkpoint).
+    # weight averaging every 2 steps (the step-2 eval, 8 devices against 1, is of averaged
+    # weights; resuming between two averaging steps is tests/test_train.py's).
     "image-airbench": (
         "image",
         (

@@ -269,6 +269,12 @@ def build_components(config: Config, *, devices: Sequence[jax.Device] | None = N
             "train.microbatches",
             f"{t.microbatches}: row-sparse embedding updates take one microbatch per step",
         )
+    if workload.row_updates() is not None and config.optim.ema_decay:
+        raise ConfigError(
+            "optim.ema_decay",
+            "lookahead averaging needs every parameter updated by the optimizer; this config's "
+            "row-sparse embedding tables are updated beside it",
+        )
     tx, schedule = build_optimizer(
         config.optim,
         total_steps=t.steps,
