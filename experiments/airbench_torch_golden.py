@@ -12,7 +12,7 @@ cross-entropy in training mode, the running statistics after that training-mode 
 momentum 0.6 in airbench's convention, PyTorch's 0.4), and for every parameter the norm of its
 gradient and the gradient's dot product with a fixed random probe (sensitive to every entry,
 small enough to keep). And the whitening filters ``fit_whitening`` computes from 64 smooth uint8
-images (``whitening_images``), normalized with the reference's statistics, in hopperjax's layout.
+images (``smooth_images``), normalized with the reference's statistics, in hopperjax's layout.
 """
 
 from __future__ import annotations
@@ -64,12 +64,12 @@ def inputs(seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
     return images, np.array([3, 0, 7, 3], np.int32)
 
 
-def whitening_images(seed: int = SEED) -> np.ndarray:
-    """uint8 [64, 16, 16, 3] whose neighbouring pixels and channels correlate, as photos' do."""
-    rng = np.random.default_rng(seed + 3)
-    x = rng.normal(size=(64, 16, 16, 1)).cumsum(1).cumsum(2) + 0.3 * rng.normal(
-        size=(64, 16, 16, 3)
-    )
+def smooth_images(count: int = 64, side: int = 16, seed: int = SEED + 3) -> np.ndarray:
+    """uint8 [count, side, side, 3] whose neighbouring pixels and channels correlate, as photos'
+    do (their 2x2 patches far from white)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(count, side, side, 1)).cumsum(1).cumsum(2)
+    x = x + 0.3 * rng.normal(size=(count, side, side, 3))
     x = (x - x.min()) / (x.max() - x.min())
     return (x * 255).astype(np.uint8)
 
@@ -136,7 +136,7 @@ def torch_outputs(width: int = WIDTH, seed: int = SEED) -> dict:
         key = "running_mean" if leaf == "mean" else "running_var"
         running[path] = dict(net.named_buffers())[f"{name}.{key}"].numpy().tolist()
     whiten = torch.nn.Conv2d(3, 24, 2)
-    fit_whitening(whiten, normalize(whitening_images(seed)))
+    fit_whitening(whiten, normalize(smooth_images(seed=seed + 3)))
     filters = whiten.weight.detach().numpy().transpose(2, 3, 1, 0)  # OIHW -> HWIO
     grads = {}
     for path, probe in probes(width, seed).items():

@@ -161,8 +161,8 @@ class OptimConfig:
     airbench runs it): at every ``ema_every``-th update from update ``ema_start`` on, an average
     of the weights moves toward them, ``avg <- rho avg + (1 - rho) w``, with ``rho = ema_decay x
     (update / train.steps) ** ema_ramp``, and the weights are set to it; the average starts as
-    the weights of the first such update. The weights are the average after each of those
-    updates, so eval, checkpoints and exports need no second copy; the average (one fp32 copy
+    the weights of the first such update. The last update averages too, so the run ends on the
+    average; between averaging updates the weights move on from it. The average (one fp32 copy
     of the parameters) lives in the optimizer state and resumes with it.
     """
 

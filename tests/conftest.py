@@ -23,6 +23,20 @@ import hopperjax
 from hopperjax import workloads
 
 REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "experiments"
+
+
+def load_script(name: str):
+    """An ``experiments/`` script as a module (its directory on sys.path, for its own imports)."""
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(EXPERIMENTS))
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 # Many tests compile the same tiny programs; a persistent compilation cache for this test run
 # (made by the controller, shared by its workers and the CLI subprocesses) turns the repeats into

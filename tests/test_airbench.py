@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import load_script
 
 import hopperjax
 from hopperjax.config import RematConfig
@@ -19,14 +20,13 @@ from hopperjax.trainer import build_components
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
 
 
+# The PyTorch reference's golden-file script (numpy only at import): its inputs, weights and
+# smooth images serve the tests here too.
+GOLDEN = load_script("airbench_torch_golden")
+
+
 def _smooth_images(count, side=8, seed=0):
-    """uint8 images whose neighbouring pixels and channels correlate (as photos' do), so that
-    their 2x2 patches are far from white."""
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(count, side, side, 1)).cumsum(1).cumsum(2)
-    x = x + 0.3 * rng.normal(size=(count, side, side, 3))
-    x = (x - x.min()) / (x.max() - x.min())
-    return (x * 255).astype(np.uint8)
+    return GOLDEN.smooth_images(count, side, seed)
 
 
 def test_whitening_filters_whiten_the_training_patches():
@@ -160,18 +160,6 @@ def test_airbench_parameter_and_flop_counts():
     assert forward == 2 * macs == 236_294_720
 
 
-def _golden_script():
-    import importlib.util
-
-    from conftest import REPO
-
-    path = REPO / "experiments" / "airbench_torch_golden.py"
-    spec = importlib.util.spec_from_file_location("airbench_torch_golden", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_network_computes_the_pytorch_references_function():
     """Given the same weights (width 16), the airbench network's logits in training and eval
     mode, its label-smoothed loss and every parameter's gradient (norm and a random projection)
@@ -184,7 +172,7 @@ def test_the_network_computes_the_pytorch_references_function():
 
     from hopperjax.workloads.base import cross_entropy
 
-    golden_script = _golden_script()
+    golden_script = GOLDEN
     golden = json.loads(golden_script.GOLDEN.read_text())
     width, seed = golden["width"], golden["seed"]
     flat, stats = golden_script.weights(width, seed)
@@ -246,7 +234,7 @@ def test_the_network_computes_the_pytorch_references_function():
     # (LAPACK's choice; the negatives are in the kernel too).
     mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)  # the reference's
     filters = np.asarray(
-        resnet.whitening_filters(golden_script.whitening_images(seed), mean, std, 5e-4)
+        resnet.whitening_filters(golden_script.smooth_images(seed=seed + 3), mean, std, 5e-4)
     ).reshape(4 * 3, 2 * 4 * 3)
     want = np.asarray(golden["whitening_filters"]).reshape(4 * 3, 2 * 4 * 3)
     signs = np.sign((filters * want).sum(axis=0))

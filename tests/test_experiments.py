@@ -4,20 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-
-
-def load_script(name: str):
-    sys.path.insert(0, str(EXPERIMENTS))
-    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import EXPERIMENTS, load_script
 
 
 def fake_run(fold: int, mse: float) -> dict:
